@@ -1,0 +1,155 @@
+// Command slurm-microvm-agent is PID 1 of the microVM: it mounts the guest's
+// pseudo filesystems, loads the kernel modules shipped in the initramfs,
+// serves the agent API (launcher/agent/api) over ttrpc on the virtio-serial
+// port named "agent", and powers the guest off when asked or when the host
+// end goes away. Build it static: CGO_ENABLED=0.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent/guest"
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent/transport"
+	"github.com/slurm-microvm/slurm-microvm/launcher/assets/guestmod"
+)
+
+// portName is the name of the virtio-serial port of the control channel
+// (QEMU: -device virtserialport,name=agent).
+const portName = "agent"
+
+func main() {
+	if os.Getpid() != 1 {
+		fmt.Fprintln(os.Stderr, "slurm-microvm-agent: must run as PID 1 inside the microVM")
+		os.Exit(2)
+	}
+	con, err := os.OpenFile("/dev/console", os.O_WRONLY, 0)
+	if err != nil {
+		con = os.Stderr
+	}
+	if err := mountPseudo(); err != nil {
+		fmt.Fprintf(con, "slurm-microvm-agent: %v\n", err)
+		powerOff()
+	}
+	args := cmdline()
+	level := slog.LevelInfo
+	if args["slurm_microvm.debug"] != "" {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(con, &slog.HandlerOptions{Level: level})).With("agent", "slurm-microvm")
+	if args["slurm_microvm.poweroff"] != "" {
+		// The bare-boot baseline of `make bench`: same kernel and
+		// initramfs, off as soon as PID 1 runs.
+		powerOff()
+	}
+	if err := run(context.Background(), log); err != nil {
+		log.Error("agent failed", "err", err)
+	}
+	powerOff()
+}
+
+func run(ctx context.Context, log *slog.Logger) error {
+	t0 := time.Now()
+	if err := guestmod.LoadAll(ctx, "/"); err != nil {
+		return fmt.Errorf("load kernel modules: %w", err)
+	}
+	log.Debug("modules loaded", "ms", time.Since(t0).Milliseconds())
+	port, err := findPort(portName, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(port, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open control port %s: %w", port, err)
+	}
+	l, err := transport.Listen(f)
+	if err != nil {
+		return err
+	}
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		return fmt.Errorf("create ttrpc server: %w", err)
+	}
+	svc := guest.New(guest.Options{Setup: guest.MountRoot, PowerOff: powerOff, Logger: log})
+	svc.Register(srv)
+	log.Info("agent serving", "port", port, "ms_since_agent_start", time.Since(t0).Milliseconds())
+	if err := srv.Serve(ctx, l); err != nil && !strings.Contains(err.Error(), "closed") {
+		return fmt.Errorf("serve agent API: %w", err)
+	}
+	return nil
+}
+
+// findPort waits for the virtio-serial port called name and returns its
+// device node.
+func findPort(name string, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		matches, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+		for _, m := range matches {
+			b, err := os.ReadFile(m)
+			if err == nil && strings.TrimSpace(string(b)) == name {
+				dev := "/dev/" + filepath.Base(filepath.Dir(m))
+				if _, err := os.Stat(dev); err == nil {
+					return dev, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("virtio-serial port %q did not appear within %s", name, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func mountPseudo() error {
+	type m struct {
+		src, dst, fstype string
+		flags            uintptr
+		data             string
+	}
+	for _, mt := range []m{
+		{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "ptmxmode=0666,mode=0620,gid=5"},
+		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
+	} {
+		if err := os.MkdirAll(mt.dst, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", mt.dst, err)
+		}
+		if err := unix.Mount(mt.src, mt.dst, mt.fstype, mt.flags, mt.data); err != nil && err != unix.EBUSY {
+			return fmt.Errorf("mount %s on %s: %w", mt.fstype, mt.dst, err)
+		}
+	}
+	return nil
+}
+
+// cmdline returns the kernel command line's key=value words.
+func cmdline() map[string]string {
+	b, _ := os.ReadFile("/proc/cmdline")
+	out := map[string]string{}
+	for _, w := range strings.Fields(string(b)) {
+		k, v, ok := strings.Cut(w, "=")
+		if !ok {
+			v = "1"
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// powerOff ends the guest. QEMU runs with -no-reboot, so a restart request
+// makes the VMM exit at once (microvm has no ACPI power button to wait for).
+func powerOff() {
+	unix.Sync()
+	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+	os.Exit(1)
+}

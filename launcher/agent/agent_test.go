@@ -1,0 +1,210 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/ttrpc"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent"
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent/guest"
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent/transport"
+)
+
+// startAgent serves the guest service on one end of a socketpair through the
+// same yamux transport the VM uses, and returns a session for the host end.
+// Processes run on this host without chroot, as uid/gid.
+func startAgent(t *testing.T, uid, gid uint32) *transport.Session {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostEnd := os.NewFile(uintptr(fds[0]), "host")
+	guestEnd := os.NewFile(uintptr(fds[1]), "guest")
+	l, err := transport.Listen(guestEnd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := guest.New(guest.Options{})
+	svc.Register(srv)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _ = srv.Serve(ctx, l) }()
+	sess, err := transport.NewHostSession(hostEnd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sess.Close()
+		cancel()
+		srv.Close()
+		svc.Close()
+	})
+	c := dial(t, sess)
+	if _, err := c.Setup(context.Background(), &api.SetupRequest{Uid: uid, Gid: gid, Groups: []uint32{gid}, ImageEnv: []string{"PATH=/usr/bin:/bin"}}); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	if _, err := c.Setup(context.Background(), &api.SetupRequest{Uid: 0}); err == nil {
+		t.Fatal("second Setup accepted: the identity must be fixed once")
+	}
+	return sess
+}
+
+func dial(t *testing.T, s *transport.Session) *agent.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := s.Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := agent.NewClient(conn)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func runIn(t *testing.T, c *agent.Client, stdin string, argv ...string) (string, string, agent.ExitStatus) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: argv, Env: []string{"PATH=/nonexistent", "FOO=bar"}})
+	if err != nil {
+		t.Fatalf("start %v: %v", argv, err)
+	}
+	var out, errb bytes.Buffer
+	var in *strings.Reader
+	if stdin != "" {
+		in = strings.NewReader(stdin)
+		p.Relay(ctx, in, &out, &errb)
+	} else {
+		p.Relay(ctx, nil, &out, &errb)
+	}
+	st, err := p.Wait(ctx)
+	if err != nil {
+		t.Fatalf("wait %v: %v", argv, err)
+	}
+	return out.String(), errb.String(), st
+}
+
+func TestProcesses(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run processes as another uid")
+	}
+	sess := startAgent(t, 65534, 65534)
+	c := dial(t, sess)
+	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB through stdin and back
+	tests := []struct {
+		name     string
+		argv     []string
+		stdin    string
+		wantOut  string
+		wantErr  string
+		wantCode int
+		wantSig  syscall.Signal
+	}{
+		{name: "stdout", argv: []string{"echo", "hello"}, wantOut: "hello\n"},
+		{name: "stderr", argv: []string{"sh", "-c", "echo oops >&2"}, wantErr: "oops\n"},
+		{name: "exit code", argv: []string{"sh", "-c", "exit 7"}, wantCode: 7},
+		{name: "killed by signal", argv: []string{"sh", "-c", "kill -TERM $$"}, wantCode: 128 + 15, wantSig: syscall.SIGTERM},
+		{name: "stdin", argv: []string{"cat"}, stdin: "hi\n", wantOut: "hi\n"},
+		{name: "large stdin", argv: []string{"cat"}, stdin: big, wantOut: big},
+		{name: "identity", argv: []string{"id", "-u"}, wantOut: "65534\n"},
+		{name: "image PATH replaces host PATH", argv: []string{"sh", "-c", "echo $PATH $FOO"}, wantOut: "/usr/bin:/bin bar\n"},
+		{name: "background child keeps stdout", argv: []string{"sh", "-c", "sleep 5 & echo done"}, wantOut: "done\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			out, errOut, st := runIn(t, c, tt.stdin, tt.argv...)
+			if out != tt.wantOut {
+				t.Errorf("stdout = %.80q, want %.80q", out, tt.wantOut)
+			}
+			if errOut != tt.wantErr {
+				t.Errorf("stderr = %q, want %q", errOut, tt.wantErr)
+			}
+			if st.Code != tt.wantCode || st.Signal != tt.wantSig {
+				t.Errorf("status = %v, want code %d signal %d", st, tt.wantCode, tt.wantSig)
+			}
+			if time.Since(start) > 4*time.Second {
+				t.Errorf("took %v: output of an exited task must not wait for its background children", time.Since(start))
+			}
+		})
+	}
+}
+
+func TestCommandNotFound(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root")
+	}
+	c := dial(t, startAgent(t, 65534, 65534))
+	_, err := c.Start(context.Background(), &api.CreateProcessRequest{Argv: []string{"no-such-command-xyz"}})
+	if !errors.Is(err, agent.ErrCommandNotFound) {
+		t.Fatalf("err = %v, want ErrCommandNotFound", err)
+	}
+}
+
+func TestSignalForwarding(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root")
+	}
+	c := dial(t, startAgent(t, 65534, 65534))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: []string{"sh", "-c", "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.1; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, pw, _ := os.Pipe()
+	defer pr.Close()
+	p.Relay(ctx, nil, pw, os.Stderr)
+	buf := make([]byte, 6)
+	if _, err := pr.Read(buf); err != nil || string(buf) != "ready\n" {
+		t.Fatalf("read ready: %q %v", buf, err)
+	}
+	if err := p.Signal(ctx, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	st, err := p.Wait(ctx)
+	pw.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest := make([]byte, 64)
+	n, _ := pr.Read(rest)
+	if st.Code != 3 || !strings.Contains(string(rest[:n]), "got-term") {
+		t.Fatalf("status %v, output %q: the trap must run and exit 3", st, rest[:n])
+	}
+}
+
+func TestTerminal(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root")
+	}
+	c := dial(t, startAgent(t, 65534, 65534))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: []string{"sh", "-c", "test -t 0 && test -t 1 && stty size"}, Terminal: true, Rows: 33, Cols: 101})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	p.Relay(ctx, nil, &out, nil)
+	st, err := p.Wait(ctx)
+	if err != nil || st.Code != 0 {
+		t.Fatalf("status %v err %v output %q", st, err, out.String())
+	}
+	if !strings.Contains(out.String(), "33 101") {
+		t.Fatalf("output %q, want the terminal size 33 101", out.String())
+	}
+}

@@ -1,0 +1,175 @@
+// Package agent is the host side of the guest agent API: a ttrpc client for
+// the service in launcher/agent/guest and the relay of a process's stdio,
+// signals and exit status between a host process (the task Slurm started)
+// and its twin inside the microVM.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
+)
+
+// chunk is the size of one stdio transfer (64 KiB).
+const chunk = 64 << 10
+
+// ErrCommandNotFound is returned by Start when argv[0] names no executable
+// in the image; a shell reports that with exit status 127.
+var ErrCommandNotFound = errors.New("command not found in the image")
+
+// Client talks to one guest agent over one connection.
+type Client struct {
+	api.AgentService
+	c *ttrpc.Client
+}
+
+// NewClient wraps conn (one agent stream) in a ttrpc client.
+func NewClient(conn net.Conn) *Client {
+	c := ttrpc.NewClient(conn)
+	return &Client{AgentService: api.NewAgentClient(c), c: c}
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.c.Close() }
+
+// ExitStatus is how a process ended: Signal != 0 when it was killed by a
+// signal, else Code is its exit code.
+type ExitStatus struct {
+	Code   int
+	Signal syscall.Signal
+}
+
+func (s ExitStatus) String() string {
+	if s.Signal != 0 {
+		return "killed by signal " + s.Signal.String()
+	}
+	return fmt.Sprintf("exit code %d", s.Code)
+}
+
+// Process is a process running in the guest.
+type Process struct {
+	c    *Client
+	ID   string
+	Pid  uint32
+	Path string
+	tty  bool
+
+	outputs sync.WaitGroup
+	errMu   sync.Mutex
+	err     error
+}
+
+// Start creates a process in the guest. A command missing from the image
+// gives an error wrapping ErrCommandNotFound.
+func (c *Client) Start(ctx context.Context, req *api.CreateProcessRequest) (*Process, error) {
+	resp, err := c.CreateProcess(ctx, req)
+	if err != nil {
+		if status.Code(err) == codes.NotFound {
+			return nil, fmt.Errorf("%w: %s", ErrCommandNotFound, status.Convert(err).Message())
+		}
+		return nil, fmt.Errorf("create process %q: %s", req.Argv[0], status.Convert(err).Message())
+	}
+	return &Process{c: c, ID: resp.Id, Pid: resp.Pid, Path: resp.Path, tty: req.Terminal}, nil
+}
+
+func (p *Process) setErr(err error) {
+	p.errMu.Lock()
+	defer p.errMu.Unlock()
+	if p.err == nil {
+		p.err = err
+	}
+}
+
+// Relay copies stdin into the process and its stdout and stderr out, until
+// the process's output ends. stdin may be nil (no input: the process sees
+// EOF at once). Wait returns after the output is drained.
+func (p *Process) Relay(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) {
+	if stdin == nil {
+		_, _ = p.c.CloseStdin(ctx, &api.ProcessRequest{Id: p.ID})
+	} else {
+		go p.copyStdin(ctx, stdin)
+	}
+	p.outputs.Add(1)
+	go p.copyOutput(ctx, api.Stream_STDOUT, stdout)
+	if !p.tty {
+		p.outputs.Add(1)
+		go p.copyOutput(ctx, api.Stream_STDERR, stderr)
+	}
+}
+
+func (p *Process) copyStdin(ctx context.Context, r io.Reader) {
+	buf := make([]byte, chunk)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if _, werr := p.c.WriteStdin(ctx, &api.WriteStdinRequest{Id: p.ID, Data: buf[:n]}); werr != nil {
+				return // the process closed its stdin or is gone
+			}
+		}
+		if err != nil {
+			_, _ = p.c.CloseStdin(ctx, &api.ProcessRequest{Id: p.ID})
+			return
+		}
+	}
+}
+
+func (p *Process) copyOutput(ctx context.Context, stream api.Stream, w io.Writer) {
+	defer p.outputs.Done()
+	for {
+		resp, err := p.c.ReadOutput(ctx, &api.ReadOutputRequest{Id: p.ID, Stream: stream, Len: chunk})
+		if err != nil {
+			if ctx.Err() == nil {
+				p.setErr(fmt.Errorf("read %s of process %s: %w", stream, p.ID, err))
+			}
+			return
+		}
+		if len(resp.Data) > 0 && w != nil {
+			if _, err := w.Write(resp.Data); err != nil {
+				w = nil // the reader went away; keep draining the guest
+			}
+		}
+		if resp.Eof {
+			return
+		}
+	}
+}
+
+// Signal delivers sig to the process.
+func (p *Process) Signal(ctx context.Context, sig syscall.Signal) error {
+	if _, err := p.c.Signal(ctx, &api.SignalRequest{Id: p.ID, Signal: uint32(sig)}); err != nil {
+		return fmt.Errorf("signal %s to process %s: %w", sig, p.ID, err)
+	}
+	return nil
+}
+
+// Resize sets the terminal size of a process started with a terminal.
+func (p *Process) Resize(ctx context.Context, rows, cols uint16) error {
+	_, err := p.c.ResizeTTY(ctx, &api.ResizeTTYRequest{Id: p.ID, Rows: uint32(rows), Cols: uint32(cols)})
+	return err
+}
+
+// Wait waits for the process to end and for its output to be relayed.
+func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
+	resp, err := p.c.Wait(ctx, &api.ProcessRequest{Id: p.ID})
+	if err != nil {
+		return ExitStatus{}, fmt.Errorf("wait for process %s: %w", p.ID, err)
+	}
+	p.outputs.Wait()
+	p.errMu.Lock()
+	rerr := p.err
+	p.errMu.Unlock()
+	if resp.Signal != 0 {
+		return ExitStatus{Code: 128 + int(resp.Signal), Signal: syscall.Signal(resp.Signal)}, rerr
+	}
+	return ExitStatus{Code: int(resp.ExitCode)}, rerr
+}

@@ -1,0 +1,108 @@
+package guest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
+)
+
+// Guest paths of the root filesystem layers.
+const (
+	lowerDir = "/run/microvm/lower" // the image, erofs, read-only
+	rwDir    = "/run/microvm/rw"    // tmpfs holding upper/ and work/
+	rootDir  = "/run/microvm/root"  // overlay: what processes see as /
+)
+
+// MountRoot mounts the image named by req read-only with a writable tmpfs
+// overlay of req.OverlayMib MiB, plus /proc, /sys, /dev, /dev/pts and
+// /dev/shm inside it, sets the hostname, and returns the root directory. The
+// overlay is discarded with the guest. It is the Options.Setup of the real
+// agent.
+func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
+	fstype := req.RootFstype
+	if fstype == "" {
+		fstype = "erofs"
+	}
+	if req.RootDevice == "" {
+		return "", fmt.Errorf("no root device given")
+	}
+	for _, d := range []string{lowerDir, rwDir, rootDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", err
+		}
+	}
+	if err := unix.Mount(req.RootDevice, lowerDir, fstype, unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
+		return "", fmt.Errorf("mount image %s (%s) on %s: %w", req.RootDevice, fstype, lowerDir, err)
+	}
+	size := req.OverlayMib
+	if size == 0 {
+		size = 1024
+	}
+	if err := unix.Mount("tmpfs", rwDir, "tmpfs", 0, fmt.Sprintf("size=%dm,mode=0755", size)); err != nil {
+		return "", fmt.Errorf("mount overlay tmpfs (%d MiB): %w", size, err)
+	}
+	for _, d := range []string{"upper", "work"} {
+		if err := os.Mkdir(filepath.Join(rwDir, d), 0o755); err != nil {
+			return "", err
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lowerDir, rwDir, rwDir)
+	if err := unix.Mount("overlay", rootDir, "overlay", 0, opts); err != nil {
+		return "", fmt.Errorf("mount overlay root: %w", err)
+	}
+	type m struct {
+		src, dst, fstype string
+		flags            uintptr
+		data             string
+	}
+	mounts := []m{
+		{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RDONLY, ""},
+		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+		// The agent's own devpts (mounted at boot), so a pty it allocates
+		// is the one the process sees under /dev/pts.
+		{"/dev/pts", "/dev/pts", "", unix.MS_BIND, ""},
+		{"tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
+	}
+	for _, mt := range mounts {
+		dst := filepath.Join(rootDir, mt.dst)
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return "", fmt.Errorf("create mount point %s: %w", mt.dst, err)
+		}
+		if err := unix.Mount(mt.src, dst, mt.fstype, mt.flags, mt.data); err != nil {
+			return "", fmt.Errorf("mount %s on %s: %w", mt.fstype, mt.dst, err)
+		}
+	}
+	// /dev/ptmx must be the one of that devpts instance.
+	ptmx := filepath.Join(rootDir, "dev/ptmx")
+	_ = os.Remove(ptmx)
+	if err := os.Symlink("pts/ptmx", ptmx); err != nil {
+		return "", fmt.Errorf("link /dev/ptmx: %w", err)
+	}
+	if err := os.Chmod(filepath.Join(rootDir, "tmp"), 0o1777); err != nil && !os.IsNotExist(err) {
+		return "", fmt.Errorf("chmod /tmp: %w", err)
+	}
+	if os.IsNotExist(statErr(filepath.Join(rootDir, "tmp"))) {
+		if err := os.Mkdir(filepath.Join(rootDir, "tmp"), 0o1777); err != nil {
+			return "", err
+		}
+		_ = os.Chmod(filepath.Join(rootDir, "tmp"), 0o1777)
+	}
+	if req.Hostname != "" {
+		if err := unix.Sethostname([]byte(req.Hostname)); err != nil {
+			return "", fmt.Errorf("set hostname %q: %w", req.Hostname, err)
+		}
+	}
+	return rootDir, nil
+}
+
+func statErr(p string) error {
+	_, err := os.Stat(p)
+	return err
+}

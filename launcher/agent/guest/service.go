@@ -1,0 +1,456 @@
+package guest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
+)
+
+// maxRead bounds one ReadOutput or WriteStdin transfer (1 MiB).
+const maxRead = 1 << 20
+
+// pollInterval is how often a blocked ReadOutput looks whether the process
+// has exited while some grandchild still holds its output open.
+const pollInterval = 200 * time.Millisecond
+
+// Options configure a Service.
+type Options struct {
+	// Setup prepares the root filesystem for a SetupRequest and returns the
+	// directory processes are chrooted into ("" or "/": no chroot). The
+	// guest uses MountRoot; tests pass a function that mounts nothing.
+	Setup func(ctx context.Context, req *api.SetupRequest) (root string, err error)
+	// PowerOff ends the guest after Shutdown answered. Nil: do nothing.
+	PowerOff func()
+	// Ping fills the kernel release, boot id and uptime; nil uses this
+	// system's (/proc).
+	Logger *slog.Logger
+}
+
+// Service implements api.AgentService.
+type Service struct {
+	opts   Options
+	log    *slog.Logger
+	reaper *reaper
+
+	mu      sync.Mutex
+	setup   *api.SetupRequest
+	root    string
+	procs   map[string]*process
+	nextID  int
+	stopped bool
+}
+
+type process struct {
+	id      string
+	pid     int
+	stdin   *os.File
+	stdout  *os.File
+	stderr  *os.File // nil with a terminal
+	tty     bool
+	exited  chan struct{}
+	status  unix.WaitStatus
+	readMu  [2]sync.Mutex
+	stdinMu sync.Mutex
+}
+
+// New returns a Service; call Close when done.
+func New(o Options) *Service {
+	l := o.Logger
+	if l == nil {
+		l = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Service{opts: o, log: l, reaper: newReaper(), procs: map[string]*process{}}
+}
+
+// Register adds the service to a ttrpc server.
+func (s *Service) Register(srv *ttrpc.Server) { api.RegisterAgentService(srv, s) }
+
+// Close stops the reaper. It does not kill processes.
+func (s *Service) Close() { s.reaper.stop() }
+
+func (s *Service) Ping(ctx context.Context, _ *api.PingRequest) (*api.PingResponse, error) {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+	return &api.PingResponse{
+		KernelRelease: unix.ByteSliceToString(uts.Release[:]),
+		BootId:        strings.TrimSpace(string(bootID)),
+		UptimeMs:      uint64(ts.Nano() / 1e6),
+	}, nil
+}
+
+func (s *Service) Setup(ctx context.Context, req *api.SetupRequest) (*api.Empty, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.setup != nil {
+		return nil, status.Error(codes.FailedPrecondition, "sandbox is already set up")
+	}
+	root := ""
+	if s.opts.Setup != nil {
+		r, err := s.opts.Setup(ctx, req)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "set up guest root: %v", err)
+		}
+		root = r
+	}
+	if root == "/" {
+		root = ""
+	}
+	s.setup, s.root = req, root
+	s.log.Info("sandbox set up", "uid", req.Uid, "gid", req.Gid, "groups", req.Groups, "root", root)
+	return &api.Empty{}, nil
+}
+
+func (s *Service) identity() (*api.SetupRequest, string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.setup == nil {
+		return nil, "", status.Error(codes.FailedPrecondition, "sandbox is not set up yet")
+	}
+	if s.stopped {
+		return nil, "", status.Error(codes.Unavailable, "sandbox is shutting down")
+	}
+	return s.setup, s.root, nil
+}
+
+func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessRequest) (*api.CreateProcessResponse, error) {
+	setup, root, err := s.identity()
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, status.Error(codes.InvalidArgument, "empty argv")
+	}
+	imagePath, ok := envValue(setup.ImageEnv, "PATH")
+	if !ok {
+		imagePath = DefaultPath
+	}
+	resolved, err := lookPath(root, req.Argv[0], imagePath)
+	if err != nil {
+		return nil, status.Error(codes.NotFound, err.Error())
+	}
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = setup.ImageWorkdir
+	}
+	if cwd == "" {
+		cwd = "/"
+	}
+	if fi, err := os.Stat(root + cwd); err != nil || !fi.IsDir() {
+		return nil, status.Errorf(codes.FailedPrecondition, "working directory %q does not exist in the image", cwd)
+	}
+	env := withPath(req.Env, imagePath)
+
+	p := &process{tty: req.Terminal, exited: make(chan struct{})}
+	var childFiles []*os.File
+	attr := &syscall.SysProcAttr{
+		Setsid: true,
+		Credential: &syscall.Credential{
+			Uid: setup.Uid, Gid: setup.Gid, Groups: setup.Groups,
+		},
+	}
+	if root != "" {
+		attr.Chroot = root
+	}
+	if req.Terminal {
+		master, slave, err := pty.Open()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "allocate pty: %v", err)
+		}
+		if req.Rows > 0 && req.Cols > 0 {
+			_ = pty.Setsize(master, &pty.Winsize{Rows: uint16(req.Rows), Cols: uint16(req.Cols)})
+		}
+		if err := slave.Chown(int(setup.Uid), int(setup.Gid)); err != nil {
+			s.log.Warn("chown pty", "err", err)
+		}
+		p.stdin, p.stdout = master, master
+		childFiles = []*os.File{slave, slave, slave}
+		attr.Setctty = true
+		attr.Ctty = 0
+	} else {
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "stdin pipe: %v", err)
+		}
+		outR, outW, err := os.Pipe()
+		if err != nil {
+			inR.Close()
+			inW.Close()
+			return nil, status.Errorf(codes.Internal, "stdout pipe: %v", err)
+		}
+		errR, errW, err := os.Pipe()
+		if err != nil {
+			inR.Close()
+			inW.Close()
+			outR.Close()
+			outW.Close()
+			return nil, status.Errorf(codes.Internal, "stderr pipe: %v", err)
+		}
+		p.stdin, p.stdout, p.stderr = inW, outR, errR
+		childFiles = []*os.File{inR, outW, errW}
+	}
+	pid, exitCh, err := s.reaper.start(func() (int, error) {
+		proc, err := os.StartProcess(resolved, req.Argv, &os.ProcAttr{
+			Dir: cwd, Env: env, Files: childFiles, Sys: attr,
+		})
+		if err != nil {
+			return 0, err
+		}
+		pid := proc.Pid
+		_ = proc.Release()
+		return pid, nil
+	})
+	closeChildEnds(childFiles)
+	if err != nil {
+		p.closeAll()
+		code := codes.Internal
+		if errors.Is(err, os.ErrPermission) {
+			code = codes.PermissionDenied
+		} else if errors.Is(err, os.ErrNotExist) {
+			code = codes.NotFound
+		}
+		return nil, status.Errorf(code, "start %s: %v", req.Argv[0], err)
+	}
+	p.pid = pid
+
+	s.mu.Lock()
+	s.nextID++
+	p.id = strconv.Itoa(s.nextID)
+	s.procs[p.id] = p
+	s.mu.Unlock()
+
+	go func() {
+		p.status = <-exitCh
+		close(p.exited)
+		s.log.Info("process exited", "id", p.id, "pid", pid, "status", describe(p.status))
+	}()
+	s.log.Info("process started", "id", p.id, "pid", pid, "path", resolved, "tty", req.Terminal)
+	return &api.CreateProcessResponse{Id: p.id, Pid: uint32(pid), Path: resolved}, nil
+}
+
+func closeChildEnds(files []*os.File) {
+	seen := map[*os.File]bool{}
+	for _, f := range files {
+		if f != nil && !seen[f] {
+			seen[f] = true
+			f.Close()
+		}
+	}
+}
+
+func (p *process) closeAll() {
+	for _, f := range []*os.File{p.stdin, p.stdout, p.stderr} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+func describe(ws unix.WaitStatus) string {
+	if ws.Signaled() {
+		return "signal " + ws.Signal().String()
+	}
+	return "exit " + strconv.Itoa(ws.ExitStatus())
+}
+
+// withPath returns env with PATH set to the image's search path.
+func withPath(env []string, imagePath string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "PATH=") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, "PATH="+imagePath)
+}
+
+func (s *Service) proc(id string) (*process, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.procs[id]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "no process %q", id)
+	}
+	return p, nil
+}
+
+func (s *Service) WriteStdin(ctx context.Context, req *api.WriteStdinRequest) (*api.WriteStdinResponse, error) {
+	p, err := s.proc(req.Id)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Data) > maxRead {
+		return nil, status.Errorf(codes.InvalidArgument, "stdin chunk of %d bytes exceeds %d", len(req.Data), maxRead)
+	}
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	n, err := p.stdin.Write(req.Data)
+	if err != nil {
+		return &api.WriteStdinResponse{Len: uint32(n)}, status.Errorf(codes.Unavailable, "write stdin: %v", err)
+	}
+	return &api.WriteStdinResponse{Len: uint32(n)}, nil
+}
+
+func (s *Service) CloseStdin(ctx context.Context, req *api.ProcessRequest) (*api.Empty, error) {
+	p, err := s.proc(req.Id)
+	if err != nil {
+		return nil, err
+	}
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.tty {
+		// End of input on a terminal is the EOF character, as a shell sees it.
+		_, _ = p.stdin.Write([]byte{4})
+		return &api.Empty{}, nil
+	}
+	_ = p.stdin.Close()
+	return &api.Empty{}, nil
+}
+
+func (s *Service) ReadOutput(ctx context.Context, req *api.ReadOutputRequest) (*api.ReadOutputResponse, error) {
+	p, err := s.proc(req.Id)
+	if err != nil {
+		return nil, err
+	}
+	f := p.stdout
+	if req.Stream == api.Stream_STDERR {
+		f = p.stderr
+	}
+	if f == nil {
+		return &api.ReadOutputResponse{Eof: true}, nil
+	}
+	n := int(req.Len)
+	if n <= 0 || n > maxRead {
+		n = 64 << 10
+	}
+	mu := &p.readMu[req.Stream&1]
+	mu.Lock()
+	defer mu.Unlock()
+	buf := make([]byte, n)
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		_ = f.SetReadDeadline(time.Now().Add(pollInterval))
+		k, err := f.Read(buf)
+		if k > 0 {
+			return &api.ReadOutputResponse{Data: buf[:k]}, nil
+		}
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			select {
+			case <-p.exited:
+				// The process is gone and nothing is buffered: a
+				// background child may keep the pipe open, but
+				// the task's output ends with the task.
+				return &api.ReadOutputResponse{Eof: true}, nil
+			default:
+				continue
+			}
+		default:
+			// EOF on a pipe, EIO on a pty master whose slave closed.
+			return &api.ReadOutputResponse{Eof: true}, nil
+		}
+	}
+}
+
+func (s *Service) Signal(ctx context.Context, req *api.SignalRequest) (*api.Empty, error) {
+	p, err := s.proc(req.Id)
+	if err != nil {
+		return nil, err
+	}
+	if req.Signal == 0 || req.Signal > 64 {
+		return nil, status.Errorf(codes.InvalidArgument, "signal %d out of range 1-64", req.Signal)
+	}
+	select {
+	case <-p.exited:
+		return &api.Empty{}, nil
+	default:
+	}
+	if err := unix.Kill(p.pid, unix.Signal(req.Signal)); err != nil && err != unix.ESRCH {
+		return nil, status.Errorf(codes.Internal, "signal %d to pid %d: %v", req.Signal, p.pid, err)
+	}
+	return &api.Empty{}, nil
+}
+
+func (s *Service) Wait(ctx context.Context, req *api.ProcessRequest) (*api.WaitResponse, error) {
+	p, err := s.proc(req.Id)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-p.exited:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if p.status.Signaled() {
+		return &api.WaitResponse{ExitCode: -1, Signal: uint32(p.status.Signal())}, nil
+	}
+	return &api.WaitResponse{ExitCode: int32(p.status.ExitStatus())}, nil
+}
+
+func (s *Service) ResizeTTY(ctx context.Context, req *api.ResizeTTYRequest) (*api.Empty, error) {
+	p, err := s.proc(req.Id)
+	if err != nil {
+		return nil, err
+	}
+	if !p.tty {
+		return nil, status.Errorf(codes.FailedPrecondition, "process %s has no terminal", req.Id)
+	}
+	if err := pty.Setsize(p.stdout, &pty.Winsize{Rows: uint16(req.Rows), Cols: uint16(req.Cols)}); err != nil {
+		return nil, status.Errorf(codes.Internal, "resize tty: %v", err)
+	}
+	return &api.Empty{}, nil
+}
+
+func (s *Service) Shutdown(ctx context.Context, _ *api.Empty) (*api.Empty, error) {
+	s.mu.Lock()
+	s.stopped = true
+	procs := make([]*process, 0, len(s.procs))
+	for _, p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		select {
+		case <-p.exited:
+		default:
+			_ = unix.Kill(-p.pid, unix.SIGKILL) // its session's process group
+			_ = unix.Kill(p.pid, unix.SIGKILL)
+		}
+	}
+	unix.Sync()
+	s.log.Info("shutdown requested", "processes", len(procs))
+	if s.opts.PowerOff != nil {
+		go func() {
+			// Let the reply leave before the guest goes away.
+			time.Sleep(50 * time.Millisecond)
+			s.opts.PowerOff()
+		}()
+	}
+	return &api.Empty{}, nil
+}
+
+// String helps logs.
+func (p *process) String() string { return fmt.Sprintf("process %s (pid %d)", p.id, p.pid) }
