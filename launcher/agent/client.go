@@ -6,7 +6,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 )
 
 // chunk is the size of one stdio transfer (64 KiB).
@@ -25,7 +25,7 @@ const chunk = 64 << 10
 
 // ErrCommandNotFound is returned by Start when argv[0] names no executable
 // in the image; a shell reports that with exit status 127.
-var ErrCommandNotFound = errors.New("command not found in the image")
+var ErrCommandNotFound = driver.ErrCommandNotFound
 
 // Client talks to one guest agent over one connection.
 type Client struct {

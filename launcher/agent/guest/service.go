@@ -157,7 +157,7 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 	if fi, err := os.Stat(root + cwd); err != nil || !fi.IsDir() {
 		return nil, status.Errorf(codes.FailedPrecondition, "working directory %q does not exist in the image", cwd)
 	}
-	env := withPath(req.Env, imagePath)
+	env := withPath(mergeEnv(setup.ImageEnv, req.Env), imagePath)
 
 	p := &process{tty: req.Terminal, exited: make(chan struct{})}
 	var childFiles []*os.File
@@ -269,6 +269,25 @@ func describe(ws unix.WaitStatus) string {
 		return "signal " + ws.Signal().String()
 	}
 	return "exit " + strconv.Itoa(ws.ExitStatus())
+}
+
+// mergeEnv returns base overridden by over (KEY=VALUE lists): the image's
+// environment, then the task's, as pyxis and enroot combine them.
+func mergeEnv(base, over []string) []string {
+	idx := map[string]int{}
+	var out []string
+	for _, list := range [][]string{base, over} {
+		for _, kv := range list {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := idx[k]; ok {
+				out[i] = kv
+				continue
+			}
+			idx[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // withPath returns env with PATH set to the image's search path.

@@ -1,0 +1,258 @@
+// Package config reads the node configuration of slurm-microvm,
+// /etc/slurm/microvm.toml, with BurntSushi/toml.
+//
+// Design decision: unknown keys are errors, not warnings. A typo in an admin's
+// file (`overlay_mb` for `overlay_mib`) would otherwise silently keep a
+// default on every node; `slurm-microvm config check` and every command that
+// loads the file report it with its line.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// DefaultPath is where the plugin and the launcher look for the file.
+const DefaultPath = "/etc/slurm/microvm.toml"
+
+// Config is the whole file. Zero values are replaced by Defaults().
+type Config struct {
+	// RuntimeDir holds one directory per running step (root-owned).
+	RuntimeDir string `toml:"runtime_dir"`
+	// CacheDir holds converted images (per user) and guest assets.
+	CacheDir string `toml:"cache_dir"`
+	// Driver is the runtime driver: "qemu" (built in).
+	Driver string `toml:"driver"`
+
+	QEMU      QEMU      `toml:"qemu"`
+	Resources Resources `toml:"resources"`
+	Timeouts  Timeouts  `toml:"timeouts"`
+}
+
+// QEMU configures the built-in driver.
+type QEMU struct {
+	// Binary is the qemu-system-x86_64 to run (PATH lookup when relative).
+	Binary string `toml:"binary"`
+	// Accel is "auto" (KVM when kvm_intel or kvm_amd is loaded, else TCG),
+	// "kvm" or "tcg".
+	Accel string `toml:"accel"`
+	// Kernel is the bzImage to boot (default: the newest /boot/vmlinuz-*).
+	Kernel string `toml:"kernel"`
+	// Agent is the static guest agent binary put into the initramfs.
+	Agent string `toml:"agent"`
+	// RunAs drops QEMU to the job's user (-runas) after it opened its files.
+	RunAs *bool `toml:"runas"`
+	// Seccomp turns on QEMU's seccomp sandbox (-sandbox on,...).
+	Seccomp *bool `toml:"seccomp"`
+}
+
+// Resources size the guest.
+type Resources struct {
+	// VMMOverheadMiB is subtracted from the step's memory allocation
+	// (S_STEP_ALLOC_MEM) to size the guest: the VMM counts against --mem.
+	VMMOverheadMiB uint64 `toml:"vmm_overhead_mib"`
+	// DefaultMemoryMiB is the guest memory when the step has no limit.
+	DefaultMemoryMiB uint64 `toml:"default_memory_mib"`
+	// MinMemoryMiB is the smallest guest that may boot.
+	MinMemoryMiB uint64 `toml:"min_memory_mib"`
+	// OverlayMiB is the size of the writable tmpfs layer over the image,
+	// taken from guest memory when written.
+	OverlayMiB uint64 `toml:"overlay_mib"`
+}
+
+// Timeouts bound every wait. Values are Go durations ("90s", "2m").
+type Timeouts struct {
+	// Boot bounds VMM start to agent ready.
+	Boot Duration `toml:"boot"`
+	// Start bounds the whole sandbox start including image conversion,
+	// as seen by a task waiting for it.
+	Start Duration `toml:"start"`
+	// StopGrace is how long a graceful guest poweroff may take before the
+	// VMM is killed.
+	StopGrace Duration `toml:"stop_grace"`
+}
+
+// Duration is a time.Duration written as a string in TOML.
+type Duration struct{ time.Duration }
+
+// UnmarshalText parses a Go duration such as "90s".
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (use e.g. \"90s\" or \"2m\")", b)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText renders the duration.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Defaults returns the configuration used for every key the file omits.
+func Defaults() Config {
+	t := true
+	return Config{
+		RuntimeDir: "/run/slurm-microvm",
+		CacheDir:   "/var/cache/slurm-microvm",
+		Driver:     "qemu",
+		QEMU: QEMU{
+			Binary:  "qemu-system-x86_64",
+			Accel:   "auto",
+			Agent:   "/usr/local/libexec/slurm-microvm/slurm-microvm-agent",
+			RunAs:   &t,
+			Seccomp: &t,
+		},
+		Resources: Resources{
+			VMMOverheadMiB:   256,
+			DefaultMemoryMiB: 1024,
+			MinMemoryMiB:     128,
+			OverlayMiB:       1024,
+		},
+		Timeouts: Timeouts{
+			Boot:      Duration{90 * time.Second},
+			Start:     Duration{15 * time.Minute},
+			StopGrace: Duration{5 * time.Second},
+		},
+	}
+}
+
+// Error is one problem in the file, with the line it was found on (0 when
+// unknown).
+type Error struct {
+	Path string
+	Line int
+	Key  string
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	loc := e.Path
+	if e.Line > 0 {
+		loc = fmt.Sprintf("%s:%d", e.Path, e.Line)
+	}
+	if e.Key != "" {
+		return fmt.Sprintf("%s: %s: %s", loc, e.Key, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", loc, e.Msg)
+}
+
+// Load reads path over Defaults(). A missing file gives the defaults when
+// missingOK is set. Every problem found is returned, joined (errors.Join of
+// *Error).
+func Load(path string, missingOK bool) (*Config, error) {
+	c := Defaults()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if missingOK && errors.Is(err, os.ErrNotExist) {
+			return &c, nil
+		}
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes data (named path in errors) over Defaults() and validates it.
+func Parse(path string, data []byte) (*Config, error) {
+	c := Defaults()
+	md, err := toml.Decode(string(data), &c)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return nil, &Error{Path: path, Line: pe.Position.Line, Msg: pe.Message}
+		}
+		return nil, &Error{Path: path, Msg: err.Error()}
+	}
+	var errs []error
+	for _, k := range md.Undecoded() {
+		errs = append(errs, &Error{Path: path, Line: lineOf(data, k), Key: k.String(),
+			Msg: "unknown key (see etc/microvm.toml for the keys this version knows)"})
+	}
+	errs = append(errs, c.validate(path, data)...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return &c, nil
+}
+
+func (c *Config) validate(path string, data []byte) []error {
+	var errs []error
+	bad := func(key, format string, a ...any) {
+		errs = append(errs, &Error{Path: path, Line: lineOf(data, strings.Split(key, ".")), Key: key, Msg: fmt.Sprintf(format, a...)})
+	}
+	for key, v := range map[string]string{"runtime_dir": c.RuntimeDir, "cache_dir": c.CacheDir} {
+		if !strings.HasPrefix(v, "/") {
+			bad(key, "%q must be an absolute path", v)
+		}
+	}
+	if c.Driver != "qemu" {
+		bad("driver", "%q is not a runtime driver (known: qemu)", c.Driver)
+	}
+	switch c.QEMU.Accel {
+	case "auto", "kvm", "tcg":
+	default:
+		bad("qemu.accel", "%q must be one of auto, kvm, tcg", c.QEMU.Accel)
+	}
+	if c.QEMU.Binary == "" {
+		bad("qemu.binary", "must not be empty")
+	}
+	if !strings.HasPrefix(c.QEMU.Agent, "/") {
+		bad("qemu.agent", "%q must be an absolute path", c.QEMU.Agent)
+	}
+	if c.QEMU.Kernel != "" && !strings.HasPrefix(c.QEMU.Kernel, "/") {
+		bad("qemu.kernel", "%q must be an absolute path", c.QEMU.Kernel)
+	}
+	r := c.Resources
+	if r.MinMemoryMiB < 64 {
+		bad("resources.min_memory_mib", "%d MiB is below the 64 MiB a guest kernel needs", r.MinMemoryMiB)
+	}
+	if r.DefaultMemoryMiB < r.MinMemoryMiB {
+		bad("resources.default_memory_mib", "%d MiB is below min_memory_mib (%d MiB)", r.DefaultMemoryMiB, r.MinMemoryMiB)
+	}
+	if r.OverlayMiB == 0 {
+		bad("resources.overlay_mib", "must be at least 1 MiB")
+	}
+	for key, d := range map[string]Duration{"timeouts.boot": c.Timeouts.Boot, "timeouts.start": c.Timeouts.Start, "timeouts.stop_grace": c.Timeouts.StopGrace} {
+		if d.Duration <= 0 {
+			bad(key, "%s must be positive", d.Duration)
+		}
+	}
+	return errs
+}
+
+// lineOf finds the line where key is set: the line "last = ..." inside the
+// table named by the leading components. 0 when not found.
+func lineOf(data []byte, key toml.Key) int {
+	if len(key) == 0 {
+		return 0
+	}
+	table := strings.Join(key[:len(key)-1], ".")
+	last := key[len(key)-1]
+	cur := ""
+	for i, line := range strings.Split(string(data), "\n") {
+		s := strings.TrimSpace(line)
+		if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+			cur = strings.Trim(s, "[] ")
+			if cur == strings.Join(key, ".") {
+				return i + 1
+			}
+			continue
+		}
+		k, _, ok := strings.Cut(s, "=")
+		if !ok {
+			continue
+		}
+		k = strings.Trim(strings.TrimSpace(k), `"`)
+		if cur == table && k == last {
+			return i + 1
+		}
+		if cur == "" && table != "" && k == table+"."+last {
+			return i + 1
+		}
+	}
+	return 0
+}

@@ -1,0 +1,71 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		wantErr []string // substrings, all must appear
+		check   func(*Config) error
+	}{
+		{name: "empty file gives defaults", in: "", check: func(c *Config) error {
+			if c.Resources.VMMOverheadMiB != 256 || c.Timeouts.Boot.Duration != 90*time.Second || c.QEMU.Accel != "auto" {
+				return errors.New("defaults not applied")
+			}
+			return nil
+		}},
+		{name: "values override", in: "[qemu]\naccel = \"tcg\"\n[timeouts]\nboot = \"2m\"\n", check: func(c *Config) error {
+			if c.QEMU.Accel != "tcg" || c.Timeouts.Boot.Duration != 2*time.Minute {
+				return errors.New("values not read")
+			}
+			return nil
+		}},
+		{name: "unknown key names key and line", in: "driver = \"qemu\"\n\n[resources]\noverlay_mb = 10\n",
+			wantErr: []string{"microvm.toml:4: resources.overlay_mb: unknown key"}},
+		{name: "unknown table", in: "[qemuu]\nx = 1\n", wantErr: []string{"qemuu", "unknown key"}},
+		{name: "bad accel", in: "[qemu]\naccel = \"hvf\"\n", wantErr: []string{"microvm.toml:2: qemu.accel: \"hvf\" must be one of auto, kvm, tcg"}},
+		{name: "bad duration", in: "[timeouts]\nboot = \"ninety\"\n", wantErr: []string{"microvm.toml:2", "not a duration"}},
+		{name: "wrong type", in: "[resources]\noverlay_mib = \"big\"\n", wantErr: []string{"microvm.toml", "overlay_mib"}},
+		{name: "syntax error has line", in: "driver = \n", wantErr: []string{"microvm.toml:1"}},
+		{name: "relative runtime dir", in: "runtime_dir = \"run\"\n", wantErr: []string{"microvm.toml:1: runtime_dir: \"run\" must be an absolute path"}},
+		{name: "every problem reported", in: "[qemu]\naccel = \"x\"\nbinary = \"\"\n", wantErr: []string{"qemu.accel", "qemu.binary"}},
+		{name: "memory below minimum", in: "[resources]\ndefault_memory_mib = 100\n", wantErr: []string{"default_memory_mib: 100 MiB is below min_memory_mib"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse("microvm.toml", []byte(tt.in))
+			if len(tt.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("no error, want %q", tt.wantErr)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q lacks %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tt.check(c); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestLoadMissing(t *testing.T) {
+	if _, err := Load("/nonexistent/microvm.toml", true); err != nil {
+		t.Fatalf("missing file with missingOK: %v", err)
+	}
+	if _, err := Load("/nonexistent/microvm.toml", false); err == nil {
+		t.Fatal("missing file without missingOK: no error")
+	}
+}

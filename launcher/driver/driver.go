@@ -1,0 +1,114 @@
+// Package driver is the seam between the step lifecycle (package launcher)
+// and a runtime that runs a sandbox: the built-in QEMU driver
+// (launcher/qemu) or, on production sites, Kata Containers through
+// containerd's shim API.
+//
+// The lifecycle splits over processes, as Slurm does: the supervisor started
+// by the SPANK plugin boots the sandbox (Driver.Start) and keeps it alive;
+// each task is a separate process, running as the job's user, that attaches
+// to the running sandbox (Driver.Attach) with nothing but its state
+// directory, runs one process in it and relays stdio, signals and status.
+// Stop may come from yet another process (task_exit, spank_exit, the
+// epilog): it works from the state directory alone.
+//
+// Design decision: the interface is process-level (exec, signal, wait), not
+// VM-level (serial ports, sockets), because a Kata driver reaches the guest
+// only through the shim's task API (Exec, Kill, Wait, ResizePty,
+// CloseIO) — the same calls, so it fits without changes elsewhere.
+package driver
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"syscall"
+)
+
+// ErrCommandNotFound is returned by Client.Exec when argv[0] names no
+// executable in the image; the task exits 127, as a shell's would.
+var ErrCommandNotFound = errors.New("command not found in the image")
+
+// SandboxConfig is what a driver needs to boot one step's sandbox.
+type SandboxConfig struct {
+	// ID names the sandbox, "<job>.<step>.<restart>".
+	ID string
+	// StateDir is the step's runtime directory (launcher/state).
+	StateDir string
+	// CPUs is the number of vCPUs; MemoryMiB the guest memory.
+	CPUs      int
+	MemoryMiB uint64
+	// OverlayMiB sizes the guest's writable layer over the image.
+	OverlayMiB uint64
+	// RootDisk is the image converted to a read-only erofs disk.
+	RootDisk string
+	// ImageEnv and ImageWorkdir come from the image config.
+	ImageEnv     []string
+	ImageWorkdir string
+	// The job's identity: every process in the guest runs with it.
+	User   string
+	UID    uint32
+	GID    uint32
+	Groups []uint32
+	// Hostname of the guest (the node's name).
+	Hostname string
+	Debug    bool
+	Logger   *slog.Logger
+}
+
+// Sandbox is a running sandbox, held by the supervisor.
+type Sandbox interface {
+	// Serve accepts exec clients on the state directory's control
+	// endpoint until ctx ends or the sandbox stops.
+	Serve(ctx context.Context) error
+	// Done is closed when the sandbox (its VMM) has exited.
+	Done() <-chan struct{}
+	// Stop powers the guest off gracefully within grace, then kills the
+	// VMM. Idempotent.
+	Stop(ctx context.Context) error
+	// Pid is the VMM's pid on the host.
+	Pid() int
+}
+
+// ProcessSpec is one process to run in a sandbox.
+type ProcessSpec struct {
+	Argv     []string
+	Env      []string
+	Cwd      string
+	Terminal bool
+	Rows     uint16
+	Cols     uint16
+}
+
+// ExitStatus is how a process ended: Signal != 0 when killed by a signal.
+type ExitStatus struct {
+	Code   int
+	Signal syscall.Signal
+}
+
+// Process is a process running in a sandbox.
+type Process interface {
+	// Relay copies stdin in and stdout/stderr out until output ends.
+	Relay(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer)
+	Signal(ctx context.Context, sig syscall.Signal) error
+	Resize(ctx context.Context, rows, cols uint16) error
+	// Wait returns the exit status once the output is relayed.
+	Wait(ctx context.Context) (ExitStatus, error)
+	// Path is what argv[0] resolved to inside the sandbox.
+	Path() string
+}
+
+// Client runs processes in an attached sandbox.
+type Client interface {
+	Exec(ctx context.Context, spec ProcessSpec) (Process, error)
+	Close() error
+}
+
+// Driver starts and attaches to sandboxes.
+type Driver interface {
+	Name() string
+	// Start boots the sandbox and returns once it runs processes.
+	Start(ctx context.Context, cfg SandboxConfig) (Sandbox, error)
+	// Attach connects to the running sandbox of stateDir.
+	Attach(ctx context.Context, stateDir string) (Client, error)
+}

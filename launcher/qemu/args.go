@@ -1,0 +1,116 @@
+package qemu
+
+import (
+	"fmt"
+	"os"
+	"strings"
+)
+
+// VMConfig is everything the QEMU command line is built from.
+type VMConfig struct {
+	Name      string
+	Accel     string // "kvm" or "tcg"
+	CPUs      int
+	MemoryMiB uint64
+	Kernel    string // uncompressed vmlinux (PVH entry)
+	Initrd    string
+	// Cmdline is the complete kernel command line, word by word.
+	Cmdline []string
+	// RootDisk is the read-only erofs image of the root filesystem.
+	RootDisk string
+	// ConsoleLog receives the guest's serial console.
+	ConsoleLog string
+	// AgentFD is the fd number (in QEMU) of the control channel socket.
+	AgentFD int
+	// RunAs is the user name QEMU drops to; "" keeps the caller's.
+	RunAs   string
+	Seccomp bool
+}
+
+// escape makes s one literal value in a QEMU option string (QEMU splits
+// options on ',' and reads ',,' as a literal comma).
+func escape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// Args builds the QEMU command line (without the binary). It fails on values
+// that no escaping can carry: a newline or NUL in a path.
+func Args(c VMConfig) ([]string, error) {
+	for what, p := range map[string]string{"kernel": c.Kernel, "initrd": c.Initrd, "root disk": c.RootDisk, "console log": c.ConsoleLog} {
+		if p == "" {
+			return nil, fmt.Errorf("qemu: no %s given", what)
+		}
+		if strings.ContainsAny(p, "\n\x00") {
+			return nil, fmt.Errorf("qemu: %s path %q contains a newline or NUL", what, p)
+		}
+	}
+	for _, w := range c.Cmdline {
+		if strings.ContainsAny(w, " \t\n\x00") || w == "" {
+			return nil, fmt.Errorf("qemu: kernel command line word %q is empty or contains whitespace", w)
+		}
+	}
+	if c.CPUs < 1 {
+		return nil, fmt.Errorf("qemu: %d vCPUs: need at least 1", c.CPUs)
+	}
+	if c.MemoryMiB < 64 {
+		return nil, fmt.Errorf("qemu: %d MiB of guest memory: need at least 64", c.MemoryMiB)
+	}
+	cpu := "max"
+	accel := "tcg"
+	if c.Accel == "kvm" {
+		cpu, accel = "host", "kvm"
+	}
+	args := []string{
+		"-name", escape(c.Name),
+		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=on",
+		"-accel", accel,
+		"-cpu", cpu,
+		"-smp", fmt.Sprint(c.CPUs),
+		"-m", fmt.Sprintf("%dM", c.MemoryMiB),
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-kernel", c.Kernel,
+		"-initrd", c.Initrd,
+		"-append", strings.Join(c.Cmdline, " "),
+		"-chardev", "file,id=console,path=" + escape(c.ConsoleLog),
+		"-serial", "chardev:console",
+		"-drive", "id=root,if=none,format=raw,readonly=on,file=" + escape(c.RootDisk),
+		"-device", "virtio-blk-device,drive=root",
+		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d", c.AgentFD),
+		"-device", "virtio-serial-device,max_ports=2",
+		"-device", "virtserialport,chardev=agent,name=agent",
+	}
+	if c.RunAs != "" {
+		args = append(args, "-runas", c.RunAs)
+	}
+	if c.Seccomp {
+		args = append(args, "-sandbox", "on,obsolete=deny,spawn=deny,resourcecontrol=deny")
+	}
+	return args, nil
+}
+
+// DetectAccel returns "kvm" when a hardware KVM module (kvm_intel or
+// kvm_amd) is loaded and /dev/kvm opens read-write, else "tcg".
+func DetectAccel() string {
+	hw := false
+	for _, m := range []string{"kvm_intel", "kvm_amd"} {
+		if _, err := os.Stat("/sys/module/" + m); err == nil {
+			hw = true
+		}
+	}
+	if !hw {
+		return "tcg"
+	}
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return "tcg"
+	}
+	f.Close()
+	return "kvm"
+}
+
+// ResolveAccel turns a configured accelerator ("auto", "kvm", "tcg") into
+// the one to use.
+func ResolveAccel(configured string) string {
+	if configured == "auto" || configured == "" {
+		return DetectAccel()
+	}
+	return configured
+}

@@ -1,0 +1,406 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent"
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
+	"github.com/slurm-microvm/slurm-microvm/launcher/agent/transport"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+)
+
+// Options configure the driver (from microvm.toml and the guest assets).
+type Options struct {
+	Binary string
+	Accel  string // resolved: "kvm" or "tcg"
+	Kernel string // vmlinux
+	Initrd string
+	// Cmdline is added to the kernel command line (e.g. tsc_early_khz).
+	Cmdline     []string
+	RunAs       bool
+	Seccomp     bool
+	BootTimeout time.Duration
+	StopGrace   time.Duration
+}
+
+// Driver is the QEMU runtime driver.
+type Driver struct{ o Options }
+
+// New returns a QEMU driver.
+func New(o Options) *Driver { return &Driver{o: o} }
+
+// Name is "qemu".
+func (d *Driver) Name() string { return "qemu" }
+
+// File names the driver keeps in the state directory.
+const (
+	vmmLog = "vmm.log" // QEMU's own stdout/stderr
+)
+
+type sandbox struct {
+	d       *Driver
+	cfg     driver.SandboxConfig
+	log     *slog.Logger
+	cmd     *exec.Cmd
+	sess    *transport.Session
+	done    chan struct{}
+	waitErr error
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start boots the VM and returns once the agent answered and is set up.
+// On any failure everything started is torn down before it returns.
+func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sandbox, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("create control channel: %w", err)
+	}
+	hostEnd := os.NewFile(uintptr(fds[0]), "agent-host")
+	guestEnd := os.NewFile(uintptr(fds[1]), "agent-vmm")
+	defer guestEnd.Close()
+
+	cmdline := []string{"console=ttyS0", "reboot=t", "panic=-1"}
+	if !cfg.Debug {
+		cmdline = append(cmdline, "quiet", "loglevel=3")
+	} else {
+		cmdline = append(cmdline, "slurm_microvm.debug=1")
+	}
+	cmdline = append(cmdline, d.o.Cmdline...)
+	runAs := ""
+	if d.o.RunAs && cfg.UID != 0 {
+		runAs = cfg.User
+	}
+	vm := VMConfig{
+		Name:       "slurm-microvm-" + cfg.ID,
+		Accel:      d.o.Accel,
+		CPUs:       cfg.CPUs,
+		MemoryMiB:  cfg.MemoryMiB,
+		Kernel:     d.o.Kernel,
+		Initrd:     d.o.Initrd,
+		Cmdline:    cmdline,
+		RootDisk:   cfg.RootDisk,
+		ConsoleLog: filepath.Join(cfg.StateDir, state.ConsoleLog),
+		AgentFD:    3,
+		RunAs:      runAs,
+		Seccomp:    d.o.Seccomp,
+	}
+	args, err := Args(vm)
+	if err != nil {
+		hostEnd.Close()
+		return nil, err
+	}
+	logf, err := os.OpenFile(filepath.Join(cfg.StateDir, vmmLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		hostEnd.Close()
+		return nil, fmt.Errorf("create VMM log: %w", err)
+	}
+	defer logf.Close()
+	// The console log is written by QEMU after -runas: create it for the
+	// job's user up front.
+	if err := createOwned(vm.ConsoleLog, cfg.UID, cfg.GID); err != nil {
+		hostEnd.Close()
+		return nil, err
+	}
+	cmd := exec.Command(d.o.Binary, args...)
+	cmd.ExtraFiles = []*os.File{guestEnd}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// The VMM must not outlive its supervisor.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	log.Info("starting VMM", "binary", d.o.Binary, "args", strings.Join(args, " "))
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		hostEnd.Close()
+		return nil, fmt.Errorf("start VMM %s: %w", d.o.Binary, err)
+	}
+	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		s.waitErr = cmd.Wait()
+		close(s.done)
+	}()
+	if err := state.WriteProc(filepath.Join(cfg.StateDir, state.VMMPidFile), cmd.Process.Pid); err != nil {
+		log.Warn("record VMM pid", "err", err)
+	}
+	s.sess, err = transport.NewHostSession(hostEnd)
+	if err != nil {
+		s.kill()
+		return nil, err
+	}
+	if err := s.waitReady(ctx); err != nil {
+		s.kill()
+		return nil, fmt.Errorf("boot sandbox %s: %w", cfg.ID, err)
+	}
+	log.Info("agent ready", "ms", time.Since(t0).Milliseconds())
+	return s, nil
+}
+
+func createOwned(path string, uid, gid uint32) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	defer f.Close()
+	if err := f.Chown(int(uid), int(gid)); err != nil {
+		return fmt.Errorf("chown %s: %w", path, err)
+	}
+	return nil
+}
+
+// waitReady pings the agent until it answers, the VMM exits, or the boot
+// timeout passes, then sets the sandbox up.
+func (s *sandbox) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.d.o.BootTimeout)
+	defer cancel()
+	type result struct {
+		c   *agent.Client
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		conn, err := s.sess.Dial(ctx)
+		if err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		c := agent.NewClient(conn)
+		// The stream's SYN and the Ping wait in the channel until the
+		// agent opens its port; one call covers the whole boot.
+		_, err = c.Ping(ctx, &api.PingRequest{})
+		ch <- result{c, err}
+	}()
+	var r result
+	select {
+	case r = <-ch:
+	case <-s.done:
+		return fmt.Errorf("VMM exited during boot (%v): %s", s.waitErr, s.tail())
+	case <-ctx.Done():
+		return fmt.Errorf("agent did not answer within %s (accel %s); guest console: %s", s.d.o.BootTimeout, s.d.o.Accel, s.consoleTail())
+	}
+	if r.err != nil {
+		return fmt.Errorf("ping agent: %w; %s", r.err, s.tail())
+	}
+	defer r.c.Close()
+	_, err := r.c.Setup(ctx, &api.SetupRequest{
+		Uid: s.cfg.UID, Gid: s.cfg.GID, Groups: s.cfg.Groups,
+		RootDevice: "/dev/vda", RootFstype: "erofs",
+		OverlayMib: s.cfg.OverlayMiB, Hostname: s.cfg.Hostname,
+		ImageEnv: s.cfg.ImageEnv, ImageWorkdir: s.cfg.ImageWorkdir,
+	})
+	if err != nil {
+		return fmt.Errorf("set up guest: %w", err)
+	}
+	return nil
+}
+
+// tail returns the end of the VMM's log and console, for errors.
+func (s *sandbox) tail() string {
+	b, _ := os.ReadFile(filepath.Join(s.cfg.StateDir, vmmLog))
+	msg := strings.TrimSpace(lastLines(string(b), 5))
+	if msg == "" {
+		return "guest console: " + s.consoleTail()
+	}
+	return "qemu: " + msg
+}
+
+func (s *sandbox) consoleTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.cfg.StateDir, state.ConsoleLog))
+	t := strings.TrimSpace(lastLines(string(b), 8))
+	if t == "" {
+		return "(empty)"
+	}
+	return t
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (s *sandbox) Pid() int { return s.cmd.Process.Pid }
+
+func (s *sandbox) Done() <-chan struct{} { return s.done }
+
+func (s *sandbox) kill() {
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	if s.sess != nil {
+		s.sess.Close()
+	}
+}
+
+// Stop asks the agent to power off, waits StopGrace, then kills the VMM.
+func (s *sandbox) Stop(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		select {
+		case <-s.done:
+			return
+		default:
+		}
+		sctx, cancel := context.WithTimeout(ctx, s.d.o.StopGrace)
+		defer cancel()
+		if conn, err := s.sess.Dial(sctx); err == nil {
+			c := agent.NewClient(conn)
+			if _, err := c.Shutdown(sctx, &api.Empty{}); err != nil {
+				s.log.Warn("graceful shutdown", "err", err)
+			}
+			c.Close()
+		}
+		select {
+		case <-s.done:
+			s.log.Info("guest powered off")
+		case <-sctx.Done():
+			s.log.Warn("guest did not power off in time; killing VMM", "grace", s.d.o.StopGrace)
+		}
+		s.kill()
+	})
+	return s.stopErr
+}
+
+// Serve relays exec clients from the state directory's control socket to
+// agent streams until ctx ends or the VM exits.
+func (s *sandbox) Serve(ctx context.Context) error {
+	path := filepath.Join(s.cfg.StateDir, state.ControlSocket)
+	_ = os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", path, err)
+	}
+	defer os.Remove(path)
+	if err := os.Chown(path, int(s.cfg.UID), int(s.cfg.GID)); err != nil {
+		l.Close()
+		return fmt.Errorf("chown control socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("chmod control socket: %w", err)
+	}
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-s.done:
+		}
+		l.Close()
+	}()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-s.done:
+				return nil
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("accept exec client: %w", err)
+		}
+		go s.relay(ctx, c.(*net.UnixConn))
+	}
+}
+
+// relay checks the peer's uid and copies bytes between it and a new stream.
+func (s *sandbox) relay(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	uid, err := peerUID(c)
+	if err != nil || (uid != s.cfg.UID && uid != 0) {
+		s.log.Warn("refused exec client", "uid", uid, "err", err)
+		return
+	}
+	st, err := s.sess.Dial(ctx)
+	if err != nil {
+		s.log.Warn("open agent stream", "err", err)
+		return
+	}
+	defer st.Close()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(st, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, st); _ = c.CloseWrite(); done <- struct{}{} }()
+	<-done
+}
+
+func peerUID(c *net.UnixConn) (uint32, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if serr != nil {
+		return 0, serr
+	}
+	return cred.Uid, nil
+}
+
+// Attach connects to the control socket of a running sandbox.
+func (d *Driver) Attach(ctx context.Context, stateDir string) (driver.Client, error) {
+	return Attach(ctx, stateDir)
+}
+
+// Attach connects to the control socket in stateDir; usable without a
+// configured driver (the exec entry).
+func Attach(ctx context.Context, stateDir string) (driver.Client, error) {
+	var dl net.Dialer
+	conn, err := dl.DialContext(ctx, "unix", filepath.Join(stateDir, state.ControlSocket))
+	if err != nil {
+		return nil, fmt.Errorf("connect to sandbox: %w", err)
+	}
+	return &client{c: agent.NewClient(conn)}, nil
+}
+
+type client struct{ c *agent.Client }
+
+func (c *client) Close() error { return c.c.Close() }
+
+func (c *client) Exec(ctx context.Context, spec driver.ProcessSpec) (driver.Process, error) {
+	p, err := c.c.Start(ctx, &api.CreateProcessRequest{
+		Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd,
+		Terminal: spec.Terminal, Rows: uint32(spec.Rows), Cols: uint32(spec.Cols),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return process{p}, nil
+}
+
+type process struct{ p *agent.Process }
+
+func (p process) Relay(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) {
+	p.p.Relay(ctx, stdin, stdout, stderr)
+}
+func (p process) Signal(ctx context.Context, sig syscall.Signal) error { return p.p.Signal(ctx, sig) }
+func (p process) Resize(ctx context.Context, rows, cols uint16) error  { return p.p.Resize(ctx, rows, cols) }
+func (p process) Path() string                                         { return p.p.Path }
+func (p process) Wait(ctx context.Context) (driver.ExitStatus, error) {
+	st, err := p.p.Wait(ctx)
+	return driver.ExitStatus{Code: st.Code, Signal: st.Signal}, err
+}
