@@ -80,7 +80,9 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	guestEnd := os.NewFile(uintptr(fds[1]), "agent-vmm")
 	defer guestEnd.Close()
 
-	cmdline := []string{"console=ttyS0", "reboot=t", "panic=-1"}
+	// d.o.Cmdline (assets.KernelCmdline) carries the console, reboot and
+	// timer settings; add the verbosity.
+	var cmdline []string
 	if !cfg.Debug {
 		cmdline = append(cmdline, "quiet", "loglevel=3")
 	} else {
@@ -88,7 +90,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	}
 	cmdline = append(cmdline, d.o.Cmdline...)
 	runAs := ""
-	if d.o.RunAs && cfg.UID != 0 {
+	if d.o.RunAs && cfg.UID != 0 && os.Geteuid() == 0 {
 		runAs = cfg.User
 	}
 	vm := VMConfig{
@@ -398,8 +400,10 @@ func (p process) Relay(ctx context.Context, stdin io.Reader, stdout, stderr io.W
 	p.p.Relay(ctx, stdin, stdout, stderr)
 }
 func (p process) Signal(ctx context.Context, sig syscall.Signal) error { return p.p.Signal(ctx, sig) }
-func (p process) Resize(ctx context.Context, rows, cols uint16) error  { return p.p.Resize(ctx, rows, cols) }
-func (p process) Path() string                                         { return p.p.Path }
+func (p process) Resize(ctx context.Context, rows, cols uint16) error {
+	return p.p.Resize(ctx, rows, cols)
+}
+func (p process) Path() string { return p.p.Path }
 func (p process) Wait(ctx context.Context) (driver.ExitStatus, error) {
 	st, err := p.p.Wait(ctx)
 	return driver.ExitStatus{Code: st.Code, Signal: st.Signal}, err

@@ -1,0 +1,366 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher"
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
+	"github.com/slurm-microvm/slurm-microvm/launcher/image"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+)
+
+var stepFlags = []cli.Flag{
+	&cli.UintFlag{Name: "job", Required: true, Usage: "Slurm job id"},
+	&cli.UintFlag{Name: "step", Required: true, Usage: "Slurm step id"},
+	&cli.UintFlag{Name: "restart", Usage: "job restart count"},
+}
+
+func stepID(c *cli.Context) state.StepID {
+	return state.StepID{Job: uint32(c.Uint("job")), Step: uint32(c.Uint("step")), Restart: uint32(c.Uint("restart"))}
+}
+
+// loadConfig reads the node configuration; a missing file means defaults
+// only when missingOK (user-side commands on login nodes).
+func loadConfig(c *cli.Context, missingOK bool) (*config.Config, error) {
+	cfg, err := config.Load(c.String("config"), missingOK)
+	if err != nil {
+		return nil, cli.Exit(err.Error(), 2)
+	}
+	return cfg, nil
+}
+
+func newLogger(w io.Writer, debug bool) *slog.Logger {
+	lvl := slog.LevelInfo
+	if debug {
+		lvl = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+}
+
+func validateCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "validate",
+		Usage: "check a step's --microvm options as the submitting user, before the job is queued",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "image", Required: true},
+			&cli.StringFlag{Name: "mounts"}, &cli.StringFlag{Name: "workdir"}, &cli.StringFlag{Name: "mpi"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, true)
+			if err != nil {
+				return err
+			}
+			uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
+			err = image.Check(c.Context, c.String("image"), image.Options{UID: uid, GID: gid, CacheRoot: filepath.Join(cfg.CacheDir, "images")})
+			if err != nil {
+				return cli.Exit("--microvm: "+err.Error(), 2)
+			}
+			return nil
+		},
+	}
+}
+
+func prepareCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "prepare",
+		Usage: "record a step's sandbox (SPANK init_post_opt, root); nothing boots",
+		Flags: append(append([]cli.Flag{}, stepFlags...),
+			&cli.UintFlag{Name: "uid", Required: true}, &cli.UintFlag{Name: "gid", Required: true},
+			&cli.StringFlag{Name: "groups", Usage: "supplementary gids, comma separated"},
+			&cli.StringFlag{Name: "user", Usage: "user name of --uid"},
+			&cli.StringFlag{Name: "image", Required: true},
+			&cli.StringFlag{Name: "cores", Usage: "S_STEP_ALLOC_CORES"},
+			&cli.Uint64Flag{Name: "mem-mb", Usage: "S_STEP_ALLOC_MEM (MiB, 0: no limit)"},
+			&cli.StringFlag{Name: "gpus", Usage: "SLURM_STEP_GPUS"},
+			&cli.IntFlag{Name: "tasks", Usage: "local task count"},
+			&cli.StringFlag{Name: "hostname"},
+			&cli.BoolFlag{Name: "debug"},
+			&cli.StringFlag{Name: "mounts"}, &cli.StringFlag{Name: "workdir"}, &cli.StringFlag{Name: "mpi"},
+		),
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, false)
+			if err != nil {
+				return err
+			}
+			groups, err := parseGids(c.String("groups"))
+			if err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+			name := c.String("user")
+			if name == "" {
+				if u, err := user.LookupId(strconv.FormatUint(uint64(c.Uint("uid")), 10)); err == nil {
+					name = u.Username
+				}
+			}
+			host := c.String("hostname")
+			if host == "" {
+				host, _ = os.Hostname()
+			}
+			s := &launcher.Spec{
+				ID: stepID(c), UID: uint32(c.Uint("uid")), GID: uint32(c.Uint("gid")), Groups: groups, User: name,
+				Image: c.String("image"), Cores: c.String("cores"), MemMiB: c.Uint64("mem-mb"), GPUs: c.String("gpus"),
+				LocalTasks: c.Int("tasks"), Hostname: host, Debug: c.Bool("debug"),
+				Mounts: c.String("mounts"), Workdir: c.String("workdir"), MPI: c.String("mpi"),
+			}
+			l := &launcher.Launcher{Config: cfg}
+			if err := l.Prepare(c.Context, s); err != nil {
+				return cli.Exit(err.Error(), 1)
+			}
+			return nil
+		},
+	}
+}
+
+func parseGids(s string) ([]uint32, error) {
+	var out []uint32
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("--groups: %q is not a numeric gid", f)
+		}
+		out = append(out, uint32(n))
+	}
+	return out, nil
+}
+
+func startCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "start",
+		Usage: "boot and supervise a prepared step's sandbox (run detached by the SPANK plugin)",
+		Flags: stepFlags,
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, false)
+			if err != nil {
+				return err
+			}
+			id := stepID(c)
+			d := state.Dir{Root: cfg.RuntimeDir, ID: id}
+			logf, err := os.OpenFile(d.File(state.LauncherLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+			if err != nil {
+				return cli.Exit(fmt.Sprintf("open supervisor log: %v", err), 1)
+			}
+			defer logf.Close()
+			s, err := launcher.ReadSpec(d.Path())
+			debug := c.Bool("debug") || (err == nil && s.Debug)
+			l := &launcher.Launcher{Config: cfg, Log: newLogger(logf, debug)}
+			ctx, stop := signal.NotifyContext(c.Context, unix.SIGTERM, unix.SIGINT)
+			defer stop()
+			signal.Ignore(unix.SIGHUP, unix.SIGPIPE)
+			if err := l.Start(ctx, id); err != nil {
+				l.Log.Error("sandbox failed", "err", err)
+				return cli.Exit(err.Error(), 1)
+			}
+			return nil
+		},
+	}
+}
+
+func stopCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "stop",
+		Usage: "stop a step's sandbox and remove its state (idempotent)",
+		Flags: stepFlags,
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, false)
+			if err != nil {
+				return err
+			}
+			l := &launcher.Launcher{Config: cfg, Log: newLogger(os.Stderr, c.Bool("debug"))}
+			if err := l.Stop(c.Context, stepID(c)); err != nil {
+				return cli.Exit(err.Error(), 1)
+			}
+			return nil
+		},
+	}
+}
+
+func gcCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "gc",
+		Usage: "stop and remove everything left of a job on this node (epilog)",
+		Flags: []cli.Flag{&cli.UintFlag{Name: "job", Required: true}},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, false)
+			if err != nil {
+				return err
+			}
+			l := &launcher.Launcher{Config: cfg, Log: newLogger(os.Stderr, c.Bool("debug"))}
+			if err := l.GC(c.Context, uint32(c.Uint("job"))); err != nil {
+				return cli.Exit(err.Error(), 1)
+			}
+			return nil
+		},
+	}
+}
+
+func execCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "exec",
+		Usage:     "run a command in a running step's sandbox, as a task",
+		ArgsUsage: "-- CMD [ARGS...]",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "state", EnvVars: []string{launcher.EnvState}, Usage: "the step's state directory"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.String("state") == "" {
+				return cli.Exit("exec: no --state (or "+launcher.EnvState+") given", 2)
+			}
+			if c.NArg() == 0 {
+				return cli.Exit("exec: no command given", 2)
+			}
+			os.Exit(runTask(c.Context, c.String("config"), c.String("state"), c.Args().Slice()))
+			return nil
+		},
+	}
+}
+
+// runTask runs one task in the sandbox of stateDir and returns the exit
+// code for this process (or ends it by the workload's signal).
+func runTask(ctx context.Context, configPath, stateDir string, argv []string) int {
+	if configPath == "" {
+		configPath = config.DefaultPath
+	}
+	cfg, err := config.Load(configPath, true)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "slurm-microvm:", err)
+		return 125
+	}
+	if stateDir == "" {
+		fmt.Fprintln(os.Stderr, "slurm-microvm: no sandbox state given ("+launcher.EnvState+" is not set)")
+		return 125
+	}
+	st, err := launcher.Exec(ctx, stateDir, cfg.Timeouts.Start.Duration, argv, os.Environ(), launcher.Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr})
+	if s, serr := launcher.ReadSpec(stateDir); serr == nil && s.Debug && os.Getenv("SLURM_LOCALID") == "0" {
+		printDebug(stateDir)
+	}
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			return reportTaskError(argv[0], err)
+		}
+		return 125
+	}
+	launcher.ExitLike(st)
+	return st.Code
+}
+
+// printDebug writes the guest console and the supervisor log of the step to
+// stderr (--microvm-debug), for local task 0.
+func printDebug(stateDir string) {
+	for _, f := range []string{state.ConsoleLog, state.LauncherLog} {
+		b, err := os.ReadFile(filepath.Join(stateDir, f))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+			fmt.Fprintf(os.Stderr, "microvm %s: %s\n", strings.TrimSuffix(f, ".log"), line)
+		}
+	}
+}
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "run",
+		Usage:     "boot a microVM with an image, run one command in it, tear it down (no Slurm needed)",
+		ArgsUsage: "-- CMD [ARGS...]",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "image", Required: true, Usage: "OCI archive, OCI layout, squashfs, root filesystem directory or registry reference"},
+			&cli.IntFlag{Name: "cpus", Value: 1, Usage: "vCPUs"},
+			&cli.Uint64Flag{Name: "mem", Usage: "memory of the whole sandbox in MiB, VMM included (default: the configured default guest memory)"},
+			&cli.StringFlag{Name: "workdir", Usage: "working directory in the guest"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() == 0 {
+				return cli.Exit("run: no command given (usage: slurm-microvm run --image IMG -- CMD [ARGS...])", 2)
+			}
+			cfg, err := loadConfig(c, true)
+			if err != nil {
+				return err
+			}
+			personalize(cfg)
+			uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
+			name := ""
+			if u, err := user.Current(); err == nil {
+				name = u.Username
+			}
+			groups, _ := os.Getgroups()
+			var gids []uint32
+			for _, g := range groups {
+				gids = append(gids, uint32(g))
+			}
+			host, _ := os.Hostname()
+			s := &launcher.Spec{
+				ID:  state.StepID{Job: 0, Step: uint32(os.Getpid()), Restart: uint32(time.Now().Unix() & 0xffff)},
+				UID: uid, GID: gid, Groups: gids, User: name, Image: c.String("image"),
+				Cores: fmt.Sprintf("0-%d", c.Int("cpus")-1), MemMiB: c.Uint64("mem"), LocalTasks: 1,
+				Hostname: host, Debug: c.Bool("debug"), Workdir: c.String("workdir"),
+			}
+			if c.Int("cpus") < 1 {
+				return cli.Exit(fmt.Sprintf("run: --cpus %d: need at least 1", c.Int("cpus")), 2)
+			}
+			l := &launcher.Launcher{Config: cfg, Log: newLogger(io.Discard, false)}
+			if c.Bool("debug") {
+				l.Log = newLogger(os.Stderr, true)
+			}
+			ctx, stop := signal.NotifyContext(c.Context, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+			defer stop()
+			st, err := l.Run(ctx, s, c.Args().Slice(), os.Environ(), launcher.Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr})
+			if err != nil {
+				os.Exit(reportTaskError(c.Args().First(), err))
+			}
+			launcher.ExitLike(st)
+			return nil
+		},
+	}
+}
+
+// personalize points the state and caches of a non-root `run` at places the
+// user owns.
+func personalize(cfg *config.Config) {
+	if os.Geteuid() == 0 {
+		return
+	}
+	rt := os.Getenv("XDG_RUNTIME_DIR")
+	if rt == "" {
+		rt = filepath.Join(os.TempDir(), fmt.Sprintf("slurm-microvm-%d", os.Getuid()))
+	}
+	cfg.RuntimeDir = filepath.Join(rt, "slurm-microvm")
+	if dir, err := os.UserCacheDir(); err == nil {
+		cfg.CacheDir = filepath.Join(dir, "slurm-microvm")
+	}
+}
+
+func configCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "config",
+		Usage: "node configuration",
+		Subcommands: []*cli.Command{{
+			Name:  "check",
+			Usage: "validate microvm.toml: unknown keys and bad values are errors naming the key and line",
+			Action: func(c *cli.Context) error {
+				cfg, err := config.Load(c.String("config"), false)
+				if err != nil {
+					return cli.Exit(err.Error(), 1)
+				}
+				fmt.Printf("%s: ok (driver %s, runtime %s, cache %s)\n", c.String("config"), cfg.Driver, cfg.RuntimeDir, cfg.CacheDir)
+				return nil
+			},
+		}},
+	}
+}

@@ -1,0 +1,89 @@
+// Command slurm-microvm is the launcher: the SPANK plugin's hand-off
+// target (prepare, start, exec, stop, gc), the standalone runner (run), and
+// the admin and integrator tools (config check, image, version).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+)
+
+// version is set with -ldflags "-X main.version=...".
+var version = "dev"
+
+// execName is the name of the exec entry (a link to this binary) that the
+// SPANK plugin puts in a task's argv[0].
+const execName = "slurm-microvm-exec"
+
+func main() {
+	if filepath.Base(os.Args[0]) == execName {
+		os.Exit(execEntry(os.Args[1:]))
+	}
+	app := &cli.App{
+		Name:    "slurm-microvm",
+		Usage:   "run Slurm job steps inside microVMs",
+		Version: version,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", Value: "/etc/slurm/microvm.toml", Usage: "node configuration file", EnvVars: []string{"SLURM_MICROVM_CONFIG"}},
+			&cli.BoolFlag{Name: "debug", Usage: "log at debug level"},
+		},
+		Commands: []*cli.Command{
+			validateCommand(),
+			prepareCommand(),
+			startCommand(),
+			execCommand(),
+			stopCommand(),
+			gcCommand(),
+			runCommand(),
+			configCommand(),
+			imageCommand(),
+		},
+		ExitErrHandler: func(c *cli.Context, err error) {},
+	}
+	if err := app.Run(os.Args); err != nil {
+		var ec cli.ExitCoder
+		if errors.As(err, &ec) {
+			if msg := ec.Error(); msg != "" {
+				fmt.Fprintln(os.Stderr, "slurm-microvm:", msg)
+			}
+			os.Exit(ec.ExitCode())
+		}
+		fmt.Fprintln(os.Stderr, "slurm-microvm:", err)
+		os.Exit(1)
+	}
+}
+
+// execEntry runs a task from the argv the plugin left: the original argv[0]
+// is in SLURM_MICROVM_ARGV0 and the rest of the arguments follow.
+func execEntry(args []string) int {
+	argv0 := os.Getenv(launcher.EnvArgv0)
+	if argv0 == "" {
+		fmt.Fprintln(os.Stderr, "slurm-microvm: "+execName+" runs only as a task started by the microvm SPANK plugin ("+launcher.EnvArgv0+" is not set)")
+		return 125
+	}
+	return runTask(context.Background(), os.Getenv("SLURM_MICROVM_CONFIG"), os.Getenv(launcher.EnvState), append([]string{argv0}, args...))
+}
+
+// exitStatus turns a task result into this process's end, as a shell would:
+// 127 for a command missing from the image, 125 when the sandbox failed.
+func reportTaskError(argv0 string, err error) int {
+	if errors.Is(err, driver.ErrCommandNotFound) {
+		fmt.Fprintf(os.Stderr, "slurm-microvm: %s: command not found in the image\n", argv0)
+		return 127
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "slurm-microvm") {
+		msg = "slurm-microvm: " + msg
+	}
+	fmt.Fprintln(os.Stderr, msg)
+	return 125
+}

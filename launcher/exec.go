@@ -1,0 +1,212 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+)
+
+// Environment variables the plugin sets for the exec entry.
+const (
+	EnvArgv0 = "SLURM_MICROVM_ARGV0"
+	EnvState = "SLURM_MICROVM_STATE"
+)
+
+// supervisorStartTimeout bounds the wait for the detached supervisor to
+// record itself; past it the start is taken as failed.
+const supervisorStartTimeout = 30 * time.Second
+
+// WaitReady waits until the sandbox of stateDir is ready, has failed, or
+// timeout passes. Its error is the reason, fit for the task's stderr.
+func WaitReady(ctx context.Context, stateDir string, timeout time.Duration) error {
+	start := time.Now()
+	deadline := start.Add(timeout)
+	for {
+		if _, err := os.Stat(stateDir + "/" + state.ReadyFile); err == nil {
+			return nil
+		}
+		if b, err := os.ReadFile(stateDir + "/" + state.ErrorFile); err == nil {
+			return errors.New(strings.TrimSpace(string(b)))
+		}
+		if _, err := os.Stat(stateDir); errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("no sandbox state at %s: the step's sandbox was never prepared or is already stopped", stateDir)
+		}
+		sup, err := state.ReadProc(stateDir + "/" + state.SupervisorFile)
+		switch {
+		case err == nil && !sup.Alive():
+			// It may have written its error just before exiting.
+			if b, err := os.ReadFile(stateDir + "/" + state.ErrorFile); err == nil {
+				return errors.New(strings.TrimSpace(string(b)))
+			}
+			return errors.New("the sandbox supervisor exited before the microVM was ready (its log is launcher.log in the step's state)")
+		case err != nil && time.Since(start) > supervisorStartTimeout:
+			return fmt.Errorf("the sandbox supervisor did not start within %s", supervisorStartTimeout)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the microVM was not ready within %s", timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Stdio is a task's standard streams.
+type Stdio struct {
+	In       *os.File
+	Out, Err io.Writer
+}
+
+// forwarded are the signals a task receives from Slurm (scancel, time
+// limit, srun's Ctrl-C) that are passed on to the process in the guest.
+var forwarded = []os.Signal{unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGALRM, unix.SIGTERM, unix.SIGCONT}
+
+// ExecIn runs argv in the attached sandbox client c, relaying stdio, window
+// size and signals, and returns the process's exit status. A terminal on
+// stdin gives the process a terminal in the guest.
+func ExecIn(ctx context.Context, c driver.Client, spec driver.ProcessSpec, io Stdio) (driver.ExitStatus, error) {
+	tty := io.In != nil && isTerminal(io.In)
+	spec.Terminal = tty
+	if tty {
+		if ws, err := unix.IoctlGetWinsize(int(io.In.Fd()), unix.TIOCGWINSZ); err == nil {
+			spec.Rows, spec.Cols = ws.Row, ws.Col
+		}
+	}
+	// Signals are caught before the process exists, so none is lost.
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, append(forwarded, unix.SIGWINCH)...)
+	defer signal.Stop(sigs)
+
+	p, err := c.Exec(ctx, spec)
+	if err != nil {
+		return driver.ExitStatus{}, err
+	}
+	if tty {
+		restore, err := makeRaw(io.In)
+		if err == nil {
+			defer restore()
+		}
+	}
+	var in *os.File
+	if io.In != nil {
+		in = io.In
+	}
+	if in != nil {
+		p.Relay(ctx, in, io.Out, io.Err)
+	} else {
+		p.Relay(ctx, nil, io.Out, io.Err)
+	}
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case s := <-sigs:
+				sig := s.(syscall.Signal)
+				if sig == unix.SIGWINCH {
+					if ws, err := unix.IoctlGetWinsize(int(io.In.Fd()), unix.TIOCGWINSZ); err == nil && tty {
+						_ = p.Resize(ctx, ws.Row, ws.Col)
+					}
+					continue
+				}
+				_ = p.Signal(ctx, sig)
+			case <-done:
+				return
+			}
+		}
+	}()
+	st, err := p.Wait(ctx)
+	close(done)
+	return st, err
+}
+
+// Exec is the exec entry of one task: wait for the sandbox of stateDir, run
+// argv in it with env, relay everything, and return the exit status.
+func Exec(ctx context.Context, stateDir string, startTimeout time.Duration, argv, env []string, io Stdio) (driver.ExitStatus, error) {
+	if len(argv) == 0 {
+		return driver.ExitStatus{}, errors.New("no command given")
+	}
+	if err := WaitReady(ctx, stateDir, startTimeout); err != nil {
+		return driver.ExitStatus{}, err
+	}
+	c, err := qemu.Attach(ctx, stateDir)
+	if err != nil {
+		return driver.ExitStatus{}, err
+	}
+	defer c.Close()
+	return ExecIn(ctx, c, driver.ProcessSpec{Argv: argv, Env: TaskEnv(env)}, io)
+}
+
+// TaskEnv is the environment a task passes into the guest: the task's own
+// minus the plugin's hand-off variables (PATH is replaced by the image's in
+// the guest).
+func TaskEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if strings.HasPrefix(kv, EnvArgv0+"=") || strings.HasPrefix(kv, EnvState+"=") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// makeRaw puts the terminal f in raw mode (the guest's pty does the line
+// discipline) and returns the function restoring it.
+func makeRaw(f *os.File) (func(), error) {
+	fd := int(f.Fd())
+	old, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	if err != nil {
+		return nil, err
+	}
+	raw := *old
+	raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
+	raw.Oflag &^= unix.OPOST
+	raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
+	raw.Cflag &^= unix.CSIZE | unix.PARENB
+	raw.Cflag |= unix.CS8
+	raw.Cc[unix.VMIN] = 1
+	raw.Cc[unix.VTIME] = 0
+	if err := unix.IoctlSetTermios(fd, unix.TCSETS, &raw); err != nil {
+		return nil, err
+	}
+	return func() { _ = unix.IoctlSetTermios(fd, unix.TCSETS, old) }, nil
+}
+
+// ExitLike ends the calling process the way the guest process ended: with
+// its exit code, or killed by the same signal (so Slurm records 0:S). It
+// returns only if the signal did not end the process.
+func ExitLike(st driver.ExitStatus) {
+	if st.Signal == 0 {
+		os.Exit(st.Code)
+	}
+	// No core file of the relay for a workload that dumped core.
+	_ = unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{})
+	signal.Reset(st.Signal)
+	var set unix.Sigset_t
+	// Unblock it in this thread (the runtime may have it blocked).
+	set.Val[(int(st.Signal)-1)/64] |= 1 << ((uint(st.Signal) - 1) % 64)
+	_ = unix.PthreadSigmask(unix.SIG_UNBLOCK, &set, nil)
+	_ = unix.Kill(os.Getpid(), st.Signal)
+	time.Sleep(500 * time.Millisecond)
+	// Signals whose default is to ignore or stop end here.
+	os.Exit(128 + int(st.Signal))
+}

@@ -1,0 +1,238 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
+	"github.com/slurm-microvm/slurm-microvm/launcher/cgroup"
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/image"
+	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+)
+
+// Launcher runs the lifecycle calls with one configuration.
+type Launcher struct {
+	Config *config.Config
+	Log    *slog.Logger
+}
+
+func (l *Launcher) log() *slog.Logger {
+	if l.Log == nil {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return l.Log
+}
+
+// Prepare records a step: creates its root-owned state directory and writes
+// spec.json. Nothing boots. Calling it again for the same step rewrites the
+// spec (SPANK callbacks may run twice).
+func (l *Launcher) Prepare(ctx context.Context, s *Spec) error {
+	if s.Image == "" {
+		return errors.New("prepare: no image given")
+	}
+	if s.LocalTasks < 0 {
+		return fmt.Errorf("prepare: %d local tasks", s.LocalTasks)
+	}
+	if _, err := GuestMemoryMiB(s.MemMiB, l.Config.Resources); err != nil {
+		return err
+	}
+	d := s.Dir(l.Config)
+	if err := os.MkdirAll(d.Root, 0o755); err != nil {
+		return fmt.Errorf("create runtime root %s: %w", d.Root, err)
+	}
+	if err := os.Mkdir(d.Path(), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create step state %s: %w", d.Path(), err)
+	}
+	if err := writeSpec(d, s); err != nil {
+		return fmt.Errorf("write step spec: %w", err)
+	}
+	return nil
+}
+
+// fail records the user-facing reason the sandbox could not start.
+func fail(d state.Dir, err error) error {
+	msg := strings.TrimSpace(err.Error())
+	_ = state.WriteFileAtomic(d.File(state.ErrorFile), []byte(msg+"\n"), 0o644)
+	return err
+}
+
+// Start is the supervisor (`slurm-microvm start`): it places itself in the
+// step's cgroups, boots the sandbox, marks it ready, serves exec clients,
+// and returns when the sandbox stopped (Stop, SIGTERM via ctx, or the guest
+// ending by itself). Errors are also written to the step's error file.
+func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
+	d := state.Dir{Root: l.Config.RuntimeDir, ID: id}
+	s, err := ReadSpec(d.Path())
+	if err != nil {
+		return err
+	}
+	log := l.log().With("step", id.String())
+	if err := state.WriteProc(d.File(state.SupervisorFile), os.Getpid()); err != nil {
+		return fail(d, fmt.Errorf("record supervisor: %w", err))
+	}
+	moves, err := cgroup.EnterStep(os.Getpid(), id.Job, id.Step)
+	if err != nil {
+		return fail(d, fmt.Errorf("enter step cgroup: %w", err))
+	}
+	for _, m := range moves {
+		log.Info("moved into step cgroup", "controller", m.Controller, "procs", m.Procs)
+	}
+	sb, err := l.boot(ctx, s, d, log)
+	if err != nil {
+		return fail(d, err)
+	}
+	if err := state.WriteFileAtomic(d.File(state.ReadyFile), nil, 0o644); err != nil {
+		_ = sb.Stop(context.Background())
+		return fail(d, fmt.Errorf("mark sandbox ready: %w", err))
+	}
+	serveErr := make(chan error, 1)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { serveErr <- sb.Serve(sctx) }()
+	select {
+	case <-ctx.Done():
+		log.Info("stopping sandbox", "reason", context.Cause(ctx))
+		err := sb.Stop(context.Background())
+		cancel()
+		<-serveErr
+		return err
+	case <-sb.Done():
+		cancel()
+		<-serveErr
+		return fail(d, errors.New("the microVM exited while the step was running (see --microvm-debug for its console)"))
+	case err := <-serveErr:
+		_ = sb.Stop(context.Background())
+		return fail(d, err)
+	}
+}
+
+// boot resolves the image and the guest assets and starts the sandbox.
+func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Logger) (driver.Sandbox, error) {
+	c := l.Config
+	t0 := time.Now()
+	img, err := image.Prepare(ctx, s.Image, image.Options{
+		UID: s.UID, GID: s.GID, Groups: s.Groups,
+		CacheRoot: filepath.Join(c.CacheDir, "images"),
+		Logger:    log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("image ready", "image", s.Image, "digest", img.Digest, "disk", img.Disk, "ms", time.Since(t0).Milliseconds())
+	agentBin := c.QEMU.Agent
+	a, err := assets.Ensure(ctx, assets.Options{
+		KernelImage: c.QEMU.Kernel, Agent: agentBin,
+		CacheDir: filepath.Join(c.CacheDir, "assets"), Logger: log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("guest assets: %w", err)
+	}
+	memMiB, err := GuestMemoryMiB(s.MemMiB, c.Resources)
+	if err != nil {
+		return nil, err
+	}
+	cpus := cgroup.CPUs(os.Getpid())
+	if n, err := cgroup.CountList(s.Cores); cpus == 0 && err == nil && n > 0 {
+		cpus = n
+	}
+	if cpus == 0 {
+		cpus = 1
+	}
+	accel := qemu.ResolveAccel(c.QEMU.Accel)
+	drv := qemu.New(qemu.Options{
+		Binary: c.QEMU.Binary, Accel: accel,
+		Kernel: a.Kernel, Initrd: a.Initrd,
+		Cmdline:     assets.KernelCmdline(accel),
+		RunAs:       *c.QEMU.RunAs,
+		Seccomp:     *c.QEMU.Seccomp,
+		BootTimeout: c.Timeouts.Boot.Duration,
+		StopGrace:   c.Timeouts.StopGrace.Duration,
+	})
+	log.Info("booting", "driver", drv.Name(), "accel", accel, "vcpus", cpus, "memory_mib", memMiB, "kernel", a.KernelVersion)
+	return drv.Start(ctx, driver.SandboxConfig{
+		ID: s.ID.String(), StateDir: d.Path(),
+		CPUs: cpus, MemoryMiB: memMiB, OverlayMiB: c.Resources.OverlayMiB,
+		RootDisk: img.Disk, ImageEnv: img.Config.Env, ImageWorkdir: img.Config.WorkingDir,
+		User: s.User, UID: s.UID, GID: s.GID, Groups: s.Groups,
+		Hostname: s.Hostname, Debug: s.Debug, Logger: log,
+	})
+}
+
+// Stop ends the step's sandbox and removes its state: it asks the
+// supervisor to stop (SIGTERM: graceful poweroff), kills it and the VMM by
+// their recorded pids if they outlive the grace period, and removes the
+// state directory. A step with no state is not an error.
+func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
+	d := state.Dir{Root: l.Config.RuntimeDir, ID: id}
+	if _, err := os.Stat(d.Path()); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	grace := l.Config.Timeouts.StopGrace.Duration
+	sup, supErr := state.ReadProc(d.File(state.SupervisorFile))
+	vmm, vmmErr := state.ReadProc(d.File(state.VMMPidFile))
+	if supErr == nil && sup.Alive() {
+		_ = sup.Signal(unix.SIGTERM)
+		if !waitGone(ctx, sup, grace+2*time.Second) {
+			l.log().Warn("supervisor did not stop in time; killing it", "pid", sup.Pid)
+			_ = sup.Signal(unix.SIGKILL)
+			waitGone(ctx, sup, 2*time.Second)
+		}
+	}
+	if vmmErr == nil && vmm.Alive() {
+		_ = vmm.Signal(unix.SIGKILL)
+		if !waitGone(ctx, vmm, 5*time.Second) {
+			return fmt.Errorf("stop step %s: VMM pid %d survived SIGKILL", id, vmm.Pid)
+		}
+	}
+	if err := os.RemoveAll(d.Path()); err != nil {
+		return fmt.Errorf("remove step state %s: %w", d.Path(), err)
+	}
+	return nil
+}
+
+// waitGone polls until p is gone or timeout passes; true when gone.
+func waitGone(ctx context.Context, p state.Proc, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for p.Alive() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// GC stops every step of job that still has state on this node (after a
+// crash, a requeue, or a missed stop). It returns every error met.
+func (l *Launcher) GC(ctx context.Context, job uint32) error {
+	entries, err := os.ReadDir(l.Config.RuntimeDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("gc job %d: %w", job, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		id, err := state.ParseStepID(e.Name())
+		if err != nil || id.Job != job {
+			continue
+		}
+		if err := l.Stop(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

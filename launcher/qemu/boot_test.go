@@ -1,0 +1,186 @@
+package qemu_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
+	"github.com/slurm-microvm/slurm-microvm/test/fixture"
+)
+
+// TestBootExecStop boots a real microVM (TCG here) with a busybox erofs
+// root, runs processes in it through the control socket, and stops it.
+func TestBootExecStop(t *testing.T) {
+	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs", "busybox")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tmp := t.TempDir()
+	a, err := assets.Ensure(ctx, assets.Options{Agent: fixture.Agent(t), CacheDir: filepath.Join(tmp, "assets")})
+	if err != nil {
+		t.Fatalf("assets: %v", err)
+	}
+	rootfs := filepath.Join(tmp, "rootfs")
+	fixture.BusyboxRootfs(t, rootfs, "Microvm Test OS")
+	disk := filepath.Join(tmp, "root.erofs")
+	fixture.Erofs(t, rootfs, disk)
+	stateDir := filepath.Join(tmp, "state")
+	if err := os.Mkdir(stateDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
+	user := ""
+	if uid == 0 {
+		// Run the guest processes as nobody; QEMU itself as root is
+		// enough here (-runas is exercised end to end with Slurm).
+		uid, gid = 65534, 65534
+	}
+	accel := qemu.DetectAccel()
+	d := qemu.New(qemu.Options{
+		Binary: "qemu-system-x86_64", Accel: accel, Kernel: a.Kernel, Initrd: a.Initrd,
+		Cmdline: assets.KernelCmdline(accel), Seccomp: true,
+		BootTimeout: 90 * time.Second, StopGrace: 5 * time.Second,
+	})
+	t0 := time.Now()
+	sb, err := d.Start(ctx, driver.SandboxConfig{
+		ID: "test", StateDir: stateDir, CPUs: 1, MemoryMiB: 256, OverlayMiB: 64,
+		RootDisk: disk, User: user, UID: uid, GID: gid, Groups: []uint32{gid}, Hostname: "guest-test",
+	})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Logf("boot to agent ready: %v (accel %s)", time.Since(t0), accel)
+	vmmPid := sb.Pid()
+	t.Cleanup(func() {
+		_ = sb.Stop(context.Background())
+		if err := syscall.Kill(vmmPid, 0); err == nil {
+			t.Errorf("VMM pid %d still alive after Stop", vmmPid)
+		}
+	})
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	go func() { _ = sb.Serve(sctx) }()
+	sock := filepath.Join(stateDir, "control.sock")
+	for i := 0; i < 200; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("control socket: %v, mode %v; want 0600", err, fi.Mode())
+	}
+
+	hostBoot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	run := func(argv ...string) (string, driver.ExitStatus) {
+		t.Helper()
+		c, err := qemu.Attach(ctx, stateDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		p, err := c.Exec(ctx, driver.ProcessSpec{Argv: argv, Env: []string{"HOME=/"}})
+		if err != nil {
+			t.Fatalf("exec %v: %v", argv, err)
+		}
+		var out bytes.Buffer
+		p.Relay(ctx, nil, &out, &out)
+		st, err := p.Wait(ctx)
+		if err != nil {
+			t.Fatalf("wait %v: %v", argv, err)
+		}
+		return out.String(), st
+	}
+	tests := []struct {
+		argv  []string
+		check func(string, driver.ExitStatus) error
+	}{
+		{[]string{"cat", "/etc/os-release"}, func(out string, _ driver.ExitStatus) error {
+			if !strings.Contains(out, "Microvm Test OS") {
+				return errors.New("not the image's os-release")
+			}
+			return nil
+		}},
+		{[]string{"uname", "-r"}, func(out string, _ driver.ExitStatus) error {
+			if strings.TrimSpace(out) != a.KernelVersion {
+				return errors.New("not the guest kernel " + a.KernelVersion)
+			}
+			return nil
+		}},
+		{[]string{"cat", "/proc/sys/kernel/random/boot_id"}, func(out string, _ driver.ExitStatus) error {
+			if out == string(hostBoot) || len(out) < 30 {
+				return errors.New("boot_id is the host's")
+			}
+			return nil
+		}},
+		{[]string{"id", "-u"}, func(out string, _ driver.ExitStatus) error {
+			if strings.TrimSpace(out) != itoa(uid) {
+				return errors.New("wrong uid")
+			}
+			return nil
+		}},
+		{[]string{"sh", "-c", "exit 7"}, func(_ string, st driver.ExitStatus) error {
+			if st.Code != 7 {
+				return errors.New("exit code not 7")
+			}
+			return nil
+		}},
+		{[]string{"sh", "-c", "kill -TERM $$"}, func(_ string, st driver.ExitStatus) error {
+			if st.Signal != syscall.SIGTERM {
+				return errors.New("not killed by SIGTERM")
+			}
+			return nil
+		}},
+		{[]string{"sh", "-c", "echo x > /tmp/f && cat /tmp/f && touch /etc/new"}, func(out string, st driver.ExitStatus) error {
+			if !strings.HasPrefix(out, "x\n") {
+				return errors.New("tmpfs overlay not writable")
+			}
+			return nil
+		}},
+	}
+	for _, tt := range tests {
+		out, st := run(tt.argv...)
+		if err := tt.check(out, st); err != nil {
+			t.Errorf("%v: %v (output %q, status %v)", tt.argv, err, out, st)
+		}
+	}
+	c, err := qemu.Attach(ctx, stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Exec(ctx, driver.ProcessSpec{Argv: []string{"no-such-cmd"}})
+	c.Close()
+	if !errors.Is(err, driver.ErrCommandNotFound) {
+		t.Errorf("missing command: err %v, want ErrCommandNotFound", err)
+	}
+	t1 := time.Now()
+	if err := sb.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sb.Done():
+	default:
+		t.Fatal("Stop returned with the VMM running")
+	}
+	t.Logf("stop: %v", time.Since(t1))
+}
+
+func itoa(u uint32) string {
+	b := []byte{}
+	if u == 0 {
+		return "0"
+	}
+	for u > 0 {
+		b = append([]byte{byte('0' + u%10)}, b...)
+		u /= 10
+	}
+	return string(b)
+}

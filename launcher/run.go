@@ -1,0 +1,61 @@
+package launcher
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+)
+
+// Run boots a sandbox for s in this process, runs argv in it as a task
+// would, and tears everything down before returning, whatever happened.
+// It needs no Slurm: `slurm-microvm run`.
+func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio Stdio) (driver.ExitStatus, error) {
+	if err := l.Prepare(ctx, s); err != nil {
+		return driver.ExitStatus{}, err
+	}
+	d := s.Dir(l.Config)
+	defer os.RemoveAll(d.Path())
+	log := l.log().With("step", s.ID.String())
+	sb, err := l.boot(ctx, s, d, log)
+	if err != nil {
+		return driver.ExitStatus{}, err
+	}
+	defer sb.Stop(context.Background())
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- sb.Serve(sctx) }()
+	if err := waitSocket(ctx, d, serveErr); err != nil {
+		return driver.ExitStatus{}, err
+	}
+	c, err := qemu.Attach(ctx, d.Path())
+	if err != nil {
+		return driver.ExitStatus{}, err
+	}
+	defer c.Close()
+	return ExecIn(ctx, c, driver.ProcessSpec{Argv: argv, Env: TaskEnv(env), Cwd: s.Workdir}, stdio)
+}
+
+func waitSocket(ctx context.Context, d state.Dir, serveErr <-chan error) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(d.File(state.ControlSocket)); err == nil {
+			return nil
+		}
+		select {
+		case err := <-serveErr:
+			return fmt.Errorf("serve control socket: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("control socket %s did not appear", d.File(state.ControlSocket))
+		}
+	}
+}

@@ -1,0 +1,78 @@
+package launcher
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+)
+
+// Spec is one step as the SPANK plugin hands it over (spec.json).
+type Spec struct {
+	ID     state.StepID `json:"id"`
+	UID    uint32       `json:"uid"`
+	GID    uint32       `json:"gid"`
+	Groups []uint32     `json:"groups"`
+	User   string       `json:"user"`
+	// Image is the --microvm value as the user typed it.
+	Image string `json:"image"`
+	// Cores is S_STEP_ALLOC_CORES, a list such as "0-1,4".
+	Cores string `json:"cores"`
+	// MemMiB is S_STEP_ALLOC_MEM (Slurm's MB are MiB); 0: no limit.
+	MemMiB uint64 `json:"mem_mib"`
+	// GPUs is SLURM_STEP_GPUS: the node's global GPU indices.
+	GPUs string `json:"gpus,omitempty"`
+	// LocalTasks is S_JOB_LOCAL_TASK_COUNT.
+	LocalTasks int    `json:"local_tasks"`
+	Hostname   string `json:"hostname"`
+	Debug      bool   `json:"debug,omitempty"`
+	// Mounts, Workdir and MPI carry --microvm-mounts, --microvm-workdir
+	// and --microvm-mpi.
+	Mounts  string `json:"mounts,omitempty"`
+	Workdir string `json:"workdir,omitempty"`
+	MPI     string `json:"mpi,omitempty"`
+}
+
+// Dir is the state directory of the spec's step under the configured root.
+func (s *Spec) Dir(c *config.Config) state.Dir {
+	return state.Dir{Root: c.RuntimeDir, ID: s.ID}
+}
+
+func writeSpec(d state.Dir, s *Spec) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return state.WriteFileAtomic(d.File(state.SpecFile), append(b, '\n'), 0o644)
+}
+
+// ReadSpec reads the spec.json of a step directory.
+func ReadSpec(dir string) (*Spec, error) {
+	b, err := os.ReadFile(filepath.Join(dir, state.SpecFile))
+	if err != nil {
+		return nil, fmt.Errorf("read step spec: %w", err)
+	}
+	var s Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", filepath.Join(dir, state.SpecFile), err)
+	}
+	return &s, nil
+}
+
+// GuestMemoryMiB sizes the guest from the step's allocation (MiB, 0 = no
+// limit): allocation minus the VMM overhead, or the configured default when
+// there is no limit. It fails when less than the configured minimum would
+// remain, naming the --mem that would fit.
+func GuestMemoryMiB(stepMiB uint64, r config.Resources) (uint64, error) {
+	if stepMiB == 0 {
+		return r.DefaultMemoryMiB, nil
+	}
+	if stepMiB < r.MinMemoryMiB+r.VMMOverheadMiB {
+		return 0, fmt.Errorf("step memory %d MiB leaves less than %d MiB for the guest after the VMM's %d MiB; ask for --mem=%dM or more",
+			stepMiB, r.MinMemoryMiB, r.VMMOverheadMiB, r.MinMemoryMiB+r.VMMOverheadMiB)
+	}
+	return stepMiB - r.VMMOverheadMiB, nil
+}
