@@ -69,3 +69,15 @@ func TestLoadMissing(t *testing.T) {
 		t.Fatal("missing file without missingOK: no error")
 	}
 }
+
+// The example shipped in etc/ must stay valid and equal to the defaults.
+func TestExampleConfig(t *testing.T) {
+	c, err := Load("../../etc/microvm.toml", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Defaults()
+	if c.RuntimeDir != d.RuntimeDir || c.Resources != d.Resources || c.Timeouts != d.Timeouts || c.QEMU.Agent != d.QEMU.Agent {
+		t.Fatalf("etc/microvm.toml differs from the defaults it documents:\n%+v\n%+v", c, d)
+	}
+}

@@ -1,0 +1,67 @@
+# slurm-microvm — build, install, test.
+#
+#   make build     launcher, static guest agent, SPANK plugin into bin/
+#   make install   into PREFIX (default /usr/local) and Slurm's plugin dir
+#   make assets    install, then build the guest kernel+initramfs into the cache
+#   make test      all tests (needs root and the packages of hack/setup-debian.sh)
+#   make bench     side-by-side benchmarks (test/bench)
+#   make demo      one-node Slurm + a real `srun --microvm` step (test/demo.sh)
+
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBEXECDIR ?= $(PREFIX)/libexec/slurm-microvm
+SPANKDIR   ?= /usr/lib/x86_64-linux-gnu/slurm-wlm
+SYSCONFDIR ?= /etc/slurm
+DESTDIR    ?=
+GO         ?= go
+VERSION    ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+GOFLAGS    ?= -trimpath
+TESTFLAGS  ?=
+
+.PHONY: all build install assets test unit e2e bench demo clean fmt vet
+
+all: build
+
+build:
+	mkdir -p bin
+	$(GO) build $(GOFLAGS) -ldflags "-X main.version=$(VERSION)" -o bin/slurm-microvm ./cmd/slurm-microvm
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -o bin/slurm-microvm-agent ./cmd/slurm-microvm-agent
+	ln -sf slurm-microvm bin/slurm-microvm-exec
+	$(MAKE) -C spank
+	cp spank/spank_microvm.so bin/
+
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBEXECDIR) $(DESTDIR)$(SPANKDIR) $(DESTDIR)$(SYSCONFDIR)
+	install -m 0755 bin/slurm-microvm $(DESTDIR)$(BINDIR)/slurm-microvm
+	ln -sf slurm-microvm $(DESTDIR)$(BINDIR)/slurm-microvm-exec
+	install -m 0755 bin/slurm-microvm-agent $(DESTDIR)$(LIBEXECDIR)/slurm-microvm-agent
+	install -m 0755 bin/spank_microvm.so $(DESTDIR)$(SPANKDIR)/spank_microvm.so
+	test -e $(DESTDIR)$(SYSCONFDIR)/microvm.toml || install -m 0644 etc/microvm.toml $(DESTDIR)$(SYSCONFDIR)/microvm.toml
+
+assets: install
+	$(DESTDIR)$(BINDIR)/slurm-microvm assets
+
+# Unit and integration tests run in parallel packages; the Slurm end-to-end
+# tests (test/e2e) share one cluster and run last.
+test: build
+	$(GO) test -count=1 $(TESTFLAGS) $$($(GO) list ./... | grep -v /test/e2e) 
+	$(GO) test -count=1 -timeout 40m $(TESTFLAGS) ./test/e2e/
+
+unit:
+	$(GO) test -count=1 -short $(TESTFLAGS) ./...
+
+bench: install
+	$(GO) test -count=1 -timeout 30m -run XXX -bench . -benchtime 1x ./test/bench/ -v
+
+demo:
+	bash test/demo.sh
+
+fmt:
+	gofmt -l -w $$(git ls-files '*.go')
+
+vet:
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin
+	$(MAKE) -C spank clean

@@ -1,0 +1,557 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+//go:embed up.sh
+var upScript []byte
+
+//go:embed down.sh
+var downScript []byte
+
+const (
+	// BaseDir holds the state directories of test clusters and the lock.
+	BaseDir = "/run/slurm-microvm-test"
+	// DefaultDir is the state directory Up uses when Options.Dir is empty.
+	// It is fixed on purpose: up.sh stops whatever a previous run recorded
+	// there, so daemons left by a test binary killed on timeout do not block
+	// the next run.
+	DefaultDir = BaseDir + "/e2e"
+	// LockFile is flocked (exclusive) by Up for the life of the cluster.
+	LockFile = BaseDir + "/e2e.lock"
+	// TestUser is the unprivileged user up.sh creates (useradd -m) for
+	// end-to-end tests.
+	TestUser = "microvmtest"
+	// DefaultCommandTimeout bounds Run, Srun, Sbatch, Squeue, Scancel and
+	// WaitJob when their context has no deadline.
+	DefaultCommandTimeout = 2 * time.Minute
+	// cleanPath is the PATH of every command run against the cluster.
+	cleanPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+// prerequisites are the commands up.sh and the helpers need; CI installs
+// them with hack/setup-debian.sh (packages slurm-wlm, munge, iproute2, passwd,
+// util-linux).
+var prerequisites = []string{
+	"bash", "munged", "munge", "unmunge", "slurmctld", "slurmd", "srun", "sbatch",
+	"squeue", "scancel", "scontrol", "sinfo", "useradd", "setsid", "ss",
+}
+
+// Options tune Up. The zero value is a plain cluster in DefaultDir.
+type Options struct {
+	// Dir is the state directory: absolute, short (the munge socket path
+	// must fit in 100 bytes), its parents searchable by everyone (so not
+	// under t.TempDir(), which is 0700). Empty means DefaultDir.
+	Dir string
+	// FakeGPUs, when > 0, creates /dev/fakegpu0..N-1 (char 195:i) and
+	// declares Gres=gpu:fake:N.
+	FakeGPUs int
+	// PlugstackLine is written as plugstack.conf (may hold several lines),
+	// e.g. "required /usr/lib/slurm-microvm/spank_microvm.so".
+	PlugstackLine string
+	// ConfExtra lines are appended to slurm.conf; they must not repeat a key
+	// up.sh writes.
+	ConfExtra string
+	// Env holds extra NAME=value settings for up.sh (SLURMCTLD_PORT,
+	// SLURMD_PORT, SLURM_DEBUG, REAL_MEMORY, NODE_NAME).
+	Env []string
+	// StartTimeout bounds the wait for the node to be idle; 0 means 60 s.
+	StartTimeout time.Duration
+	// LockTimeout bounds the wait for another test's cluster to go away;
+	// 0 means 5 min.
+	LockTimeout time.Duration
+}
+
+// Cluster is a running test cluster. Its methods are safe for concurrent use.
+type Cluster struct {
+	// Dir is the state directory; Conf is Dir/etc/slurm.conf.
+	Dir, Conf string
+	// Node is the node name (hostname -s unless NODE_NAME was given).
+	Node string
+	// CgroupVersion is 1 or 2, as up.sh configured cgroup.conf.
+	CgroupVersion int
+	// StartupTime is the wall time of up.sh: munge key, munged, slurmctld,
+	// slurmd, until sinfo shows the node idle.
+	StartupTime time.Duration
+	// UpOutput is what up.sh printed.
+	UpOutput string
+
+	scripts string
+}
+
+// Up starts a cluster for t and registers its teardown with t.Cleanup (on
+// failure the tails of the daemon logs are logged first). It skips t when not
+// root; when a prerequisite command is missing it skips t, or fails it when
+// the environment says CI=true (CI installs them with hack/setup-debian.sh).
+// Any failure of up.sh fails t with up.sh's output, which ends with the
+// daemons' logs.
+func Up(t testing.TB, opts Options) *Cluster {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("cluster: needs root (slurmd, munged, cgroups); run the tests as root")
+	}
+	var missing []string
+	for _, p := range prerequisites {
+		if _, ok := lookClean(p); !ok {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		msg := fmt.Sprintf("cluster: missing %s (install with hack/setup-debian.sh)", strings.Join(missing, ", "))
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	dir := opts.Dir
+	if dir == "" {
+		dir = DefaultDir
+	}
+	if !filepath.IsAbs(dir) {
+		t.Fatalf("cluster: Options.Dir %q must be absolute", dir)
+	}
+	// srun run as TestUser reads slurm.conf and the munge socket under dir.
+	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			t.Fatalf("cluster: Options.Dir %q: %s is not searchable by other users (mode %v); the test user needs it", dir, p, fi.Mode().Perm())
+		}
+		if p == "/" {
+			break
+		}
+	}
+	startTimeout := opts.StartTimeout
+	if startTimeout <= 0 {
+		startTimeout = 60 * time.Second
+	}
+	lockTimeout := opts.LockTimeout
+	if lockTimeout <= 0 {
+		lockTimeout = 5 * time.Minute
+	}
+
+	unlock, err := lock(t, lockTimeout)
+	if err != nil {
+		t.Fatalf("cluster: %v", err)
+	}
+	t.Cleanup(unlock) // cleanups run last-in first-out: after Down
+	scripts := t.TempDir()
+	for name, body := range map[string][]byte{"up.sh": upScript, "down.sh": downScript} {
+		if err := os.WriteFile(filepath.Join(scripts, name), body, 0o755); err != nil {
+			t.Fatalf("cluster: write %s: %v", name, err)
+		}
+	}
+	c := &Cluster{Dir: dir, Conf: filepath.Join(dir, "etc", "slurm.conf"), scripts: scripts}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, name := range []string{"slurmctld.log", "slurmd.log"} {
+				t.Logf("cluster: last lines of %s:\n%s", name, c.LogTail(name, 40))
+			}
+		}
+		if err := c.Down(); err != nil {
+			t.Errorf("cluster: %v", err)
+		}
+	})
+
+	// The daemons inherit this: no SLURM_* of an enclosing job or cluster.
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SLURM_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env,
+		"PATH="+cleanPath, // sbin too, whatever PATH the test runs with
+		"FAKE_GPUS="+strconv.Itoa(opts.FakeGPUs),
+		"PLUGSTACK_LINE="+opts.PlugstackLine,
+		"SLURM_CONF_EXTRA="+opts.ConfExtra,
+		"UP_TIMEOUT="+strconv.Itoa(int(startTimeout.Seconds())),
+		"TEST_USER="+TestUser,
+	)
+	env = append(env, opts.Env...)
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout+30*time.Second)
+	defer cancel()
+	bash, _ := lookClean("bash")
+	cmd := exec.CommandContext(ctx, bash, filepath.Join(scripts, "up.sh"), dir)
+	cmd.Env = env
+	cmd.WaitDelay = 5 * time.Second
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	c.StartupTime = time.Since(start)
+	c.UpOutput = string(out)
+	if err != nil {
+		t.Fatalf("cluster: up.sh %s: %v\n%s", dir, err, out)
+	}
+	if err := c.readEnv(); err != nil {
+		t.Fatalf("cluster: %v", err)
+	}
+	return c
+}
+
+// lookClean finds name (without a slash) in cleanPath, the PATH every command
+// against the cluster runs with, whatever PATH the test process has (sudo and
+// CI shells often lack the sbin directories). Names with a slash, and names
+// not found, come back unchanged with false.
+func lookClean(name string) (string, bool) {
+	if strings.Contains(name, "/") {
+		return name, false
+	}
+	for _, dir := range filepath.SplitList(cleanPath) {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, true
+		}
+	}
+	return name, false
+}
+
+// readEnv fills Node and CgroupVersion from Dir/env.
+func (c *Cluster) readEnv() error {
+	b, err := os.ReadFile(filepath.Join(c.Dir, "env"))
+	if err != nil {
+		return fmt.Errorf("read cluster env: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(strings.TrimPrefix(line, "export "), "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "SLURM_MICROVM_TEST_NODE":
+			c.Node = v
+		case "SLURM_MICROVM_TEST_CGROUP":
+			c.CgroupVersion, _ = strconv.Atoi(strings.TrimPrefix(v, "v"))
+		}
+	}
+	if c.Node == "" || c.CgroupVersion == 0 {
+		return fmt.Errorf("read cluster env %s: no node name or cgroup version", c.Dir)
+	}
+	return nil
+}
+
+// lock takes LockFile exclusively, polling until timeout; the returned func
+// releases it.
+func lock(t testing.TB, timeout time.Duration) (func(), error) {
+	if err := os.MkdirAll(BaseDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", BaseDir, err)
+	}
+	f, err := os.OpenFile(LockFile, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", LockFile, err)
+	}
+	deadline := time.Now().Add(timeout)
+	logged := false
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil // closing the fd drops the lock
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("flock %s: %w", LockFile, err)
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("another test cluster held %s for %v", LockFile, timeout)
+		}
+		if !logged {
+			t.Logf("cluster: waiting for another test's cluster (%s)", LockFile)
+			logged = true
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// Down stops the cluster (down.sh: cancel jobs, stop the daemons by recorded
+// pid, remove Dir). Idempotent; Up's cleanup calls it.
+func (c *Cluster) Down() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bash, _ := lookClean("bash")
+	cmd := exec.CommandContext(ctx, bash, filepath.Join(c.scripts, "down.sh"), c.Dir)
+	cmd.Env = append(os.Environ(), "PATH="+cleanPath)
+	cmd.WaitDelay = 5 * time.Second
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("down.sh %s: %w\n%s", c.Dir, err, out)
+	}
+	return nil
+}
+
+// LogTail returns the last n lines of Dir/log/name (e.g. "slurmd.log"), or
+// a note saying why it cannot.
+func (c *Cluster) LogTail(name string, n int) string {
+	b, err := os.ReadFile(filepath.Join(c.Dir, "log", name))
+	if err != nil {
+		return fmt.Sprintf("(%v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Env is the environment of commands run against the cluster: a clean PATH,
+// SLURM_CONF, and nothing inherited (a SLURM_JOB_ID from an enclosing job
+// would make srun join that job).
+func (c *Cluster) Env() []string {
+	return []string{"PATH=" + cleanPath, "SLURM_CONF=" + c.Conf, "LANG=C.UTF-8"}
+}
+
+// Command prepares name args... against the cluster (name without a slash
+// is looked up in a fixed PATH that includes the sbin directories), run as
+// userName ("" or
+// "root": root, in Dir; otherwise that user with its groups, HOME, and its
+// home directory as working directory, like a login). The caller may adjust
+// Env, Dir and stdio before starting it. When ctx ends the command gets
+// SIGTERM (srun then cancels its step) and SIGKILL 10 s later.
+func (c *Cluster) Command(ctx context.Context, userName, name string, args ...string) (*exec.Cmd, error) {
+	path, _ := lookClean(name)
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Env = c.Env()
+	cmd.Dir = c.Dir
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	if userName == "" || userName == "root" {
+		cmd.Env = append(cmd.Env, "HOME=/root", "USER=root", "LOGNAME=root")
+		return cmd, nil
+	}
+	u, err := user.Lookup(userName)
+	if err != nil {
+		return nil, fmt.Errorf("run %s as %s: %w", name, userName, err)
+	}
+	cred, err := credential(u)
+	if err != nil {
+		return nil, fmt.Errorf("run %s as %s: %w", name, userName, err)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	cmd.Dir = u.HomeDir
+	cmd.Env = append(cmd.Env, "HOME="+u.HomeDir, "USER="+u.Username, "LOGNAME="+u.Username)
+	return cmd, nil
+}
+
+// credential is u's uid, primary gid and supplementary groups (what
+// initgroups(3) would set, as setpriv --init-groups does).
+func credential(u *user.User) (*syscall.Credential, error) {
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("uid %q: %w", u.Uid, err)
+	}
+	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("gid %q: %w", u.Gid, err)
+	}
+	ids, err := u.GroupIds()
+	if err != nil {
+		return nil, fmt.Errorf("groups of %s: %w", u.Username, err)
+	}
+	groups := make([]uint32, 0, len(ids))
+	for _, s := range ids {
+		g, err := strconv.ParseUint(s, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("group id %q: %w", s, err)
+		}
+		groups = append(groups, uint32(g))
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: groups}, nil
+}
+
+// withDefaultTimeout bounds ctx by DefaultCommandTimeout if it has no
+// deadline.
+func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, DefaultCommandTimeout)
+}
+
+// Run runs name args... as userName (see Command) and returns its output and
+// exit status. A non-zero exit is not an error: err is set only when the
+// command could not be started or was stopped because ctx ended (bounded by
+// DefaultCommandTimeout when ctx has no deadline); exitCode is -1 when it
+// was killed by a signal.
+func (c *Cluster) Run(ctx context.Context, userName, name string, args ...string) (stdout, stderr string, exitCode int, err error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	cmd, err := c.Command(ctx, userName, name, args...)
+	if err != nil {
+		return "", "", -1, err
+	}
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err = cmd.Run()
+	stdout, stderr = o.String(), e.String()
+	if ctx.Err() != nil {
+		return stdout, stderr, -1, fmt.Errorf("%s %s as %q: %w (stderr: %s)", name, strings.Join(args, " "), userName, ctx.Err(), strings.TrimSpace(stderr))
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return stdout, stderr, ee.ExitCode(), nil
+	}
+	if err != nil {
+		return stdout, stderr, -1, fmt.Errorf("%s %s as %q: %w", name, strings.Join(args, " "), userName, err)
+	}
+	return stdout, stderr, 0, nil
+}
+
+// Srun runs `srun args...` as userName; see Run for the results.
+func (c *Cluster) Srun(ctx context.Context, userName string, args ...string) (stdout, stderr string, exitCode int, err error) {
+	return c.Run(ctx, userName, "srun", args...)
+}
+
+// Sbatch submits script (its text, fed on stdin) with `sbatch --parsable
+// args...` as userName and returns the job id. Without --output the job's
+// output goes to slurm-<id>.out in the user's home (root: Dir).
+func (c *Cluster) Sbatch(ctx context.Context, userName, script string, args ...string) (int, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	cmd, err := c.Command(ctx, userName, "sbatch", append([]string{"--parsable"}, args...)...)
+	if err != nil {
+		return 0, err
+	}
+	cmd.Stdin = strings.NewReader(script)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("sbatch %s as %q: %w: %s", strings.Join(args, " "), userName, err, strings.TrimSpace(e.String()))
+	}
+	idText, _, _ := strings.Cut(strings.TrimSpace(o.String()), ";") // "id" or "id;cluster"
+	id, err := strconv.Atoi(idText)
+	if err != nil {
+		return 0, fmt.Errorf("sbatch %s as %q: job id from %q: %w", strings.Join(args, " "), userName, o.String(), err)
+	}
+	return id, nil
+}
+
+// Scancel runs `scancel args...` as root; a non-zero exit is an error.
+func (c *Cluster) Scancel(ctx context.Context, args ...string) error {
+	_, stderr, code, err := c.Run(ctx, "", "scancel", args...)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("scancel %s: exit %d: %s", strings.Join(args, " "), code, strings.TrimSpace(stderr))
+	}
+	return err
+}
+
+// Squeue runs `squeue args...` as root and returns its stdout; a non-zero
+// exit is an error.
+func (c *Cluster) Squeue(ctx context.Context, args ...string) (string, error) {
+	stdout, stderr, code, err := c.Run(ctx, "", "squeue", args...)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("squeue %s: exit %d: %s", strings.Join(args, " "), code, strings.TrimSpace(stderr))
+	}
+	return stdout, err
+}
+
+// Job is what slurmctld says about a job (`scontrol show job -o`). It is
+// kept for MinJobAge (300 s) after the job ends.
+type Job struct {
+	ID int
+	// State is the base JobState: PENDING, RUNNING, COMPLETED, FAILED,
+	// CANCELLED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, ...
+	State string
+	// ExitCode is "status:signal" of the batch script or the job's first
+	// failing step, e.g. "0:0", "3:0", "0:9".
+	ExitCode string
+	// Reason is Slurm's pending/failure reason ("None" when there is none).
+	Reason string
+	// StdOut is the batch job's output file path.
+	StdOut string
+	// Raw is the whole `scontrol show job -o` line.
+	Raw string
+}
+
+var jobFields = regexp.MustCompile(`(?:^|\s)(JobState|ExitCode|Reason|StdOut)=(\S*)`)
+
+// terminalStates are the job states a job never leaves (squeue(1) "JOB
+// STATE CODES", without the transient COMPLETING).
+var terminalStates = map[string]bool{
+	"COMPLETED": true, "FAILED": true, "CANCELLED": true, "TIMEOUT": true,
+	"OUT_OF_MEMORY": true, "NODE_FAIL": true, "PREEMPTED": true,
+	"BOOT_FAIL": true, "DEADLINE": true, "REVOKED": true,
+}
+
+// Job reads job id's state from slurmctld.
+func (c *Cluster) Job(ctx context.Context, id int) (Job, error) {
+	stdout, stderr, code, err := c.Run(ctx, "", "scontrol", "show", "job", "-o", strconv.Itoa(id))
+	if err == nil && code != 0 {
+		err = fmt.Errorf("scontrol show job %d: exit %d: %s", id, code, strings.TrimSpace(stderr))
+	}
+	if err != nil {
+		return Job{}, err
+	}
+	j := Job{ID: id, Raw: strings.TrimSpace(stdout)}
+	for _, m := range jobFields.FindAllStringSubmatch(j.Raw, -1) {
+		switch m[1] {
+		case "JobState":
+			j.State = m[2]
+		case "ExitCode":
+			j.ExitCode = m[2]
+		case "Reason":
+			j.Reason = m[2]
+		case "StdOut":
+			j.StdOut = m[2]
+		}
+	}
+	if j.State == "" {
+		return j, fmt.Errorf("scontrol show job %d: no JobState in %q", id, j.Raw)
+	}
+	return j, nil
+}
+
+// WaitJob polls job id every 100 ms until it reaches a terminal state
+// (COMPLETED, FAILED, CANCELLED, TIMEOUT, OUT_OF_MEMORY, ...) and returns it;
+// bounded by ctx, or DefaultCommandTimeout when ctx has no deadline.
+func (c *Cluster) WaitJob(ctx context.Context, id int) (Job, error) {
+	return c.WaitJobState(ctx, id)
+}
+
+// WaitJobState polls job id every 100 ms until its state is one of states
+// (none: any terminal state) and returns it. It fails early when the job
+// reaches a terminal state not in states.
+func (c *Cluster) WaitJobState(ctx context.Context, id int, states ...string) (Job, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	want := func(s string) bool {
+		if len(states) == 0 {
+			return terminalStates[s]
+		}
+		for _, w := range states {
+			if s == w {
+				return true
+			}
+		}
+		return false
+	}
+	var last Job
+	for {
+		j, err := c.Job(ctx, id)
+		if err != nil {
+			return last, fmt.Errorf("wait for job %d: %w", id, err)
+		}
+		last = j
+		if want(j.State) {
+			return j, nil
+		}
+		if terminalStates[j.State] {
+			return j, fmt.Errorf("wait for job %d to be %v: it ended %s (exit %s, reason %s)", id, states, j.State, j.ExitCode, j.Reason)
+		}
+		select {
+		case <-ctx.Done():
+			return j, fmt.Errorf("wait for job %d (last state %s): %w", id, j.State, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

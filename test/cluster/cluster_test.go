@@ -1,0 +1,220 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// stepScript prints the step's ids, its /proc/self/cgroup, and the memory
+// limit of its step cgroup (v1 memory.limit_in_bytes or v2 memory.max).
+const stepScript = `set -e
+echo "ids $SLURM_JOB_ID $SLURM_STEP_ID"
+cat /proc/self/cgroup
+p=$(sed -n 's/^[0-9]*:memory://p' /proc/self/cgroup)
+if [ -n "$p" ]; then f=/sys/fs/cgroup/memory$(echo "$p" | sed 's,\(/step_[^/]*\)/.*,\1,')/memory.limit_in_bytes
+else f=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup | sed 's,\(/step_[^/]*\)/.*,\1,')/memory.max; fi
+echo "limit $(cat "$f")"
+`
+
+// stepInfo is what stepScript printed.
+type stepInfo struct {
+	job, step string
+	cgroups   map[string]string // controller ("" for the v2 line) -> path
+	limit     string
+}
+
+func parseStep(t *testing.T, out string) stepInfo {
+	t.Helper()
+	s := stepInfo{cgroups: map[string]string{}}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		switch {
+		case strings.HasPrefix(line, "ids "):
+			f := strings.Fields(line)
+			if len(f) != 3 {
+				t.Fatalf("bad ids line %q", line)
+			}
+			s.job, s.step = f[1], f[2]
+		case strings.HasPrefix(line, "limit "):
+			s.limit = strings.TrimPrefix(line, "limit ")
+		default:
+			// hierarchy-ID:controller-list:cgroup-path (cgroups(7))
+			parts := strings.SplitN(line, ":", 3)
+			if len(parts) != 3 {
+				t.Fatalf("bad /proc/self/cgroup line %q", line)
+			}
+			for _, ctrl := range strings.Split(parts[1], ",") {
+				s.cgroups[ctrl] = parts[2]
+			}
+		}
+	}
+	if s.job == "" {
+		t.Fatalf("no ids in step output:\n%s", out)
+	}
+	return s
+}
+
+// checkStepCgroups asserts the layout documented in doc.go.
+func checkStepCgroups(t *testing.T, c *Cluster, s stepInfo, uid string) {
+	t.Helper()
+	stepDir := fmt.Sprintf("/job_%s/step_%s", s.job, s.step)
+	if c.CgroupVersion == 1 {
+		prefix := fmt.Sprintf("/slurm_%s/uid_%s%s", c.Node, uid, stepDir)
+		for _, ctrl := range []string{"freezer", "memory", "cpuset", "devices"} {
+			if p := s.cgroups[ctrl]; !strings.HasPrefix(p, prefix) {
+				t.Errorf("%s cgroup %q: want it under %s", ctrl, p, prefix)
+			}
+		}
+		// The freezer (proctrack/cgroup) stops at the step; memory is per task.
+		if p := s.cgroups["freezer"]; p != prefix {
+			t.Errorf("freezer cgroup %q: want exactly %s", p, prefix)
+		}
+		if p := s.cgroups["memory"]; !regexp.MustCompile(`/task_\d+$`).MatchString(p) {
+			t.Errorf("memory cgroup %q: want a task_<n> leaf", p)
+		}
+		return
+	}
+	if p := s.cgroups[""]; !strings.Contains(p, stepDir+"/") {
+		t.Errorf("cgroup v2 path %q: want it to contain %s/", p, stepDir)
+	}
+}
+
+func TestCluster(t *testing.T) {
+	c := Up(t, Options{})
+	t.Logf("cluster up in %v (cgroup v%d, node %s)\n%s", c.StartupTime, c.CgroupVersion, c.Node, c.UpOutput)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tu, err := user.Lookup(TestUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("srun -n2 hostname", func(t *testing.T) {
+		stdout, stderr, code, err := c.Srun(ctx, "", "-n2", "hostname")
+		if err != nil || code != 0 {
+			t.Fatalf("srun: exit %d, %v: %s", code, err, stderr)
+		}
+		lines := strings.Fields(stdout)
+		if len(lines) != 2 || lines[0] != host || lines[1] != host {
+			t.Errorf("srun -n2 hostname printed %q, want %q twice", stdout, host)
+		}
+	})
+
+	t.Run("exit status", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			want int
+		}{
+			{[]string{"true"}, 0},
+			{[]string{"sh", "-c", "exit 3"}, 3},
+		} {
+			_, stderr, code, err := c.Srun(ctx, "", tc.args...)
+			if err != nil || code != tc.want {
+				t.Errorf("srun %q: exit %d, %v, want exit %d (stderr %s)", tc.args, code, err, tc.want, stderr)
+			}
+		}
+	})
+
+	t.Run("cores", func(t *testing.T) {
+		stdout, stderr, code, err := c.Srun(ctx, "", "-n1", "-c1", "nproc")
+		if err != nil || code != 0 {
+			t.Fatalf("srun: exit %d, %v: %s", code, err, stderr)
+		}
+		if got := strings.TrimSpace(stdout); got != "1" {
+			t.Errorf("srun -c1 nproc = %q, want 1 (ConstrainCores/task affinity)", got)
+		}
+	})
+
+	t.Run("step cgroups", func(t *testing.T) {
+		stdout, stderr, code, err := c.Srun(ctx, "", "--mem=100", "sh", "-c", stepScript)
+		if err != nil || code != 0 {
+			t.Fatalf("srun: exit %d, %v: %s", code, err, stderr)
+		}
+		t.Logf("step output:\n%s", stdout)
+		s := parseStep(t, stdout)
+		checkStepCgroups(t, c, s, "0")
+		if want := fmt.Sprint(100 << 20); s.limit != want {
+			t.Errorf("step memory limit %s, want %s (--mem=100)", s.limit, want)
+		}
+	})
+
+	t.Run("srun as test user", func(t *testing.T) {
+		stdout, stderr, code, err := c.Srun(ctx, TestUser, "--mem=50", "sh", "-c", "id -un; "+stepScript)
+		if err != nil || code != 0 {
+			t.Fatalf("srun: exit %d, %v: %s", code, err, stderr)
+		}
+		name, rest, _ := strings.Cut(stdout, "\n")
+		if name != TestUser {
+			t.Errorf("id -un = %q, want %q", name, TestUser)
+		}
+		s := parseStep(t, rest)
+		checkStepCgroups(t, c, s, tu.Uid)
+		if want := fmt.Sprint(50 << 20); s.limit != want {
+			t.Errorf("step memory limit %s, want %s (--mem=50)", s.limit, want)
+		}
+	})
+
+	t.Run("sbatch as test user", func(t *testing.T) {
+		out := filepath.Join(tu.HomeDir, "cluster-test-%j.out")
+		id, err := c.Sbatch(ctx, TestUser, "#!/bin/sh\nid -un\nexit 0\n", "--output="+out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := c.WaitJob(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.State != "COMPLETED" || j.ExitCode != "0:0" {
+			t.Errorf("job %d: %s exit %s, want COMPLETED 0:0 (%s)", id, j.State, j.ExitCode, j.Raw)
+		}
+		path := strings.ReplaceAll(out, "%j", fmt.Sprint(id))
+		t.Cleanup(func() { os.Remove(path) })
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(b)); got != TestUser {
+			t.Errorf("batch output %q, want %q", got, TestUser)
+		}
+	})
+
+	t.Run("scancel", func(t *testing.T) {
+		id, err := c.Sbatch(ctx, "", "#!/bin/sh\nexec sleep 300\n", "--output=/dev/null")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.WaitJobState(ctx, id, "RUNNING"); err != nil {
+			t.Fatal(err)
+		}
+		q, err := c.Squeue(ctx, "-h", "-o", "%A %T")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("%d RUNNING", id); !strings.Contains(q, want) {
+			t.Errorf("squeue = %q, want a line %q", q, want)
+		}
+		start := time.Now()
+		if err := c.Scancel(ctx, fmt.Sprint(id)); err != nil {
+			t.Fatal(err)
+		}
+		j, err := c.WaitJob(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.State != "CANCELLED" {
+			t.Errorf("job %d after scancel: %s, want CANCELLED", id, j.State)
+		}
+		t.Logf("scancel to CANCELLED: %v", time.Since(start))
+	})
+}

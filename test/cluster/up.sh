@@ -1,0 +1,352 @@
+#!/usr/bin/env bash
+# up.sh [STATE_DIR] — bring up a private one-node Slurm cluster (slurmctld +
+# slurmd + munged) on this host, as root, with no systemd.
+#
+# Everything lives under STATE_DIR (default $STATE_DIR or
+# /run/slurm-microvm-test/cluster); nothing in /etc is read or written except
+# for the test user (useradd) and, with FAKE_GPUS, /dev/fakegpuN nodes.
+#
+#   STATE_DIR/env              `source` it: exports SLURM_CONF and friends
+#   STATE_DIR/etc/             slurm.conf cgroup.conf plugstack.conf [gres.conf]
+#   STATE_DIR/munge/           munge.key (0600) munge.socket munged.seed
+#   STATE_DIR/log/             munged.log slurmctld.log slurmd.log (+ .out: stdio)
+#   STATE_DIR/pids             "name pid starttime exe" of every daemon started
+#
+# Re-running up.sh on a STATE_DIR that is up stops that cluster (down.sh) and
+# starts a fresh one. Stop it with down.sh STATE_DIR.
+#
+# Environment (all optional):
+#   FAKE_GPUS=N          mknod /dev/fakegpu0..N-1 (char 195:i) and declare
+#                        Gres=gpu:fake:N with a gres.conf
+#   PLUGSTACK_LINE=...   content of plugstack.conf (e.g. "required /path/x.so")
+#   SLURM_CONF_EXTRA=... lines appended to slurm.conf (do not repeat keys
+#                        written here, SchedulerParameters included)
+#   NODE_NAME=name       node name (default: hostname -s); the cgroup prefix is
+#                        slurm_<node> because Debian builds multiple-slurmd
+#   SLURMCTLD_PORT=6817 SLURMD_PORT=6818
+#   REAL_MEMORY=MB       node RealMemory (default: what `slurmd -C` reports)
+#   SLURM_DEBUG=info     SlurmctldDebug/SlurmdDebug level
+#   UP_TIMEOUT=60        seconds to wait for the node to become idle
+#   TEST_USER=microvmtest  non-root user created for end-to-end tests
+set -euo pipefail
+
+die() { echo "up.sh: error: $*" >&2; exit 1; }
+log() { echo "up.sh: $*"; }
+
+[[ $(id -u) -eq 0 ]] || die "must run as root (slurmd, munged and cgroups need it)"
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+STATE=${1:-${STATE_DIR:-/run/slurm-microvm-test/cluster}}
+STATE=$(realpath -m -- "$STATE")
+[[ $STATE != / && $STATE == /*/* ]] || die "refusing state dir $STATE: give a dedicated directory"
+
+NODE=${NODE_NAME:-$(hostname -s)}
+CTLD_PORT=${SLURMCTLD_PORT:-6817}
+SLURMD_PORT=${SLURMD_PORT:-6818}
+FAKE_GPUS=${FAKE_GPUS:-0}
+DEBUG=${SLURM_DEBUG:-info}
+TIMEOUT=${UP_TIMEOUT:-60}
+TEST_USER=${TEST_USER:-microvmtest}
+[[ $FAKE_GPUS =~ ^[0-9]+$ ]] || die "FAKE_GPUS=$FAKE_GPUS: want a number of fake GPUs (0-63)"
+(( FAKE_GPUS <= 64 )) || die "FAKE_GPUS=$FAKE_GPUS: at most 64"
+
+MUNGE_SOCKET=$STATE/munge/munge.socket
+# sun_path holds 108 bytes including the NUL.
+(( ${#MUNGE_SOCKET} < 100 )) || die "state dir path too long for a unix socket: $MUNGE_SOCKET"
+
+for b in munged munge unmunge slurmctld slurmd sinfo scontrol hostname useradd setsid ss; do
+	command -v "$b" >/dev/null || die "$b not found: run hack/setup-debian.sh (packages slurm-wlm munge iproute2)"
+done
+
+T0=$(date +%s%N)
+
+# --- restart: stop what a previous up.sh started in this state dir ----------
+if [[ -e $STATE/pids || -e $STATE/env ]]; then
+	log "state dir $STATE is in use: stopping that cluster first"
+	bash "$HERE/down.sh" "$STATE"
+fi
+
+# --- ports must be free (another cluster, or a system slurmd) ---------------
+for p in "$CTLD_PORT" "$SLURMD_PORT"; do
+	if [[ -n $(ss -Htln "sport = :$p") ]]; then
+		others=$(find /run/slurm-microvm-test -mindepth 2 -maxdepth 2 -name pids -printf '%h ' 2>/dev/null || true)
+		die "TCP port $p is already in use ($(ss -Htlnp "sport = :$p" | head -1)); another cluster? state dirs: ${others:-none}; stop it with down.sh DIR or set SLURMCTLD_PORT/SLURMD_PORT"
+	fi
+done
+
+# --- cgroup flavour -----------------------------------------------------------
+CG_FS=$(stat -fc %T /sys/fs/cgroup)
+case $CG_FS in
+tmpfs)
+	CG=v1
+	for c in freezer memory cpuset devices; do
+		[[ -e /sys/fs/cgroup/$c/cgroup.procs ]] || die "cgroup v1 controller $c is not mounted at /sys/fs/cgroup/$c"
+	done
+	;;
+cgroup2fs)
+	CG=v2
+	# Slurm 22.05's cgroup/v2 wants systemd to delegate a subtree; with
+	# IgnoreSystemd=yes it makes <root>/system.slice/<node>_slurmstepd.scope
+	# itself, which needs the controllers enabled on the way down.
+	f=/sys/fs/cgroup/cgroup.subtree_control
+	for c in cpuset cpu memory pids; do
+		grep -qw "$c" "$f" || echo "+$c" >"$f" 2>/dev/null ||
+			die "cgroup v2: cannot enable $c in $f (processes in a non-root cgroup? move them to a leaf cgroup first)"
+	done
+	mkdir -p /sys/fs/cgroup/system.slice
+	for c in cpuset cpu memory pids; do
+		grep -qw "$c" /sys/fs/cgroup/system.slice/cgroup.subtree_control ||
+			echo "+$c" >/sys/fs/cgroup/system.slice/cgroup.subtree_control 2>/dev/null ||
+			die "cgroup v2: cannot enable $c in /sys/fs/cgroup/system.slice"
+	done
+	# slurmd moves itself into <its cgroup>/slurmd and enables the
+	# controllers in <its cgroup>, which must then hold nothing else (the
+	# no-internal-processes rule): give it an empty cgroup of its own, as
+	# systemd's Delegate=yes would.
+	SLURMD_CG=/sys/fs/cgroup/system.slice/slurm-microvm-test-$NODE-slurmd.scope
+	mkdir -p "$SLURMD_CG"
+	;;
+*) die "/sys/fs/cgroup is $CG_FS: want cgroup v1 (tmpfs of controllers) or v2 (cgroup2fs)" ;;
+esac
+
+# --- test user ----------------------------------------------------------------
+if ! id -u "$TEST_USER" >/dev/null 2>&1; then
+	log "creating user $TEST_USER"
+	useradd -m -s /bin/bash "$TEST_USER"
+fi
+TEST_HOME=$(getent passwd "$TEST_USER" | cut -d: -f6)
+[[ -d $TEST_HOME ]] || { mkdir -p "$TEST_HOME"; chown "$TEST_USER": "$TEST_HOME"; }
+
+# --- state dir ------------------------------------------------------------------
+# Traversable by everyone: srun run by the test user reads slurm.conf and
+# connects to the munge socket.
+mkdir -p "$(dirname "$STATE")"
+chmod 0755 "$(dirname "$STATE")"
+if [[ -d $STATE ]]; then
+	rmdir "$STATE" 2>/dev/null || die "$STATE exists and is not empty but holds no cluster (no env/pids): remove it or pick another dir"
+fi
+mkdir -m 0755 "$STATE" || die "cannot create $STATE"
+mkdir -m 0755 "$STATE/etc" "$STATE/munge" "$STATE/log" "$STATE/run" "$STATE/spool"
+# SlurmdSpoolDir=.../spool/%n: slurmd opens its domain socket and hwloc cache
+# there before it would create it.
+mkdir -m 0755 "$STATE/spool/$NODE"
+mkdir -m 0700 "$STATE/ctld"
+mkdir -m 1777 "$STATE/tmp"
+: >"$STATE/pids"
+
+cleanup_on_error() {
+	local rc=$?
+	if (( rc != 0 )); then
+		echo "up.sh: failed (exit $rc); logs:" >&2
+		for f in "$STATE"/log/*; do
+			[[ -f $f ]] || continue
+			echo "----- $f (last 25 lines)" >&2
+			tail -n 25 "$f" >&2 || true
+		done
+		bash "$HERE/down.sh" "$STATE" >&2 || true
+	fi
+}
+trap cleanup_on_error EXIT
+
+# start_daemon NAME CMD... : start CMD in its own session, stdio to
+# log/NAME.out, record "NAME pid starttime exe" in pids.
+start_daemon() {
+	local name=$1; shift
+	setsid "$@" </dev/null >>"$STATE/log/$name.out" 2>&1 &
+	local pid=$!
+	local st
+	st=$(awk '{print $22}' "/proc/$pid/stat" 2>/dev/null) || die "$name exited at once; see $STATE/log/$name.out"
+	echo "$name $pid $st $(command -v "$name")" >>"$STATE/pids"
+}
+
+alive() { # alive NAME: the recorded daemon still runs
+	local n pid st
+	while read -r n pid st _; do
+		[[ $n == "$1" ]] || continue
+		[[ $(awk '{print $22}' "/proc/$pid/stat" 2>/dev/null) == "$st" && $(awk '{print $3}' "/proc/$pid/stat") != Z ]] && return 0
+	done <"$STATE/pids"
+	return 1
+}
+
+# --- fake GPUs ------------------------------------------------------------------
+if (( FAKE_GPUS > 0 )); then
+	for ((i = 0; i < FAKE_GPUS; i++)); do
+		d=/dev/fakegpu$i
+		if [[ -e $d ]]; then
+			[[ -c $d && $(stat -c '%t:%T' "$d") == "c3:$(printf %x "$i")" ]] ||
+				die "$d exists but is not the character device 195:$i"
+		else
+			mknod -m 0666 "$d" c 195 "$i"
+			echo "$d" >>"$STATE/fakegpus"
+		fi
+	done
+fi
+
+# --- munge ------------------------------------------------------------------------
+if command -v mungekey >/dev/null; then
+	mungekey --create --keyfile="$STATE/munge/munge.key" >/dev/null
+else
+	dd if=/dev/urandom of="$STATE/munge/munge.key" bs=1024 count=1 status=none
+fi
+chown root:root "$STATE/munge/munge.key"
+chmod 0600 "$STATE/munge/munge.key"
+start_daemon munged munged --foreground --force \
+	--socket="$MUNGE_SOCKET" \
+	--pid-file="$STATE/munge/munged.pid" \
+	--log-file="$STATE/log/munged.log" \
+	--key-file="$STATE/munge/munge.key" \
+	--seed-file="$STATE/munge/munged.seed"
+for ((i = 0; ; i++)); do
+	if [[ -S $MUNGE_SOCKET ]] && munge -n --socket="$MUNGE_SOCKET" 2>/dev/null | unmunge --socket="$MUNGE_SOCKET" >/dev/null 2>&1; then
+		break
+	fi
+	alive munged || die "munged exited; see $STATE/log/munged.log"
+	(( i < 100 )) || die "munged did not answer on $MUNGE_SOCKET within 10 s"
+	sleep 0.1
+done
+
+# --- node shape -------------------------------------------------------------------
+# `slurmd -C` prints what slurmd will detect; configuring exactly that keeps
+# the node from being drained for "Low socket*core*thread count" or memory.
+HW=$(slurmd -C | head -1 | sed -e 's/^NodeName=[^ ]* //')
+[[ $HW == *CPUs=* && $HW == *RealMemory=* ]] || die "unexpected 'slurmd -C' output: $HW"
+if [[ -n ${REAL_MEMORY:-} ]]; then
+	HW=$(sed -e "s/RealMemory=[0-9]*/RealMemory=$REAL_MEMORY/" <<<"$HW")
+fi
+CPUS=$(grep -o 'CPUs=[0-9]*' <<<"$HW" | cut -d= -f2)
+MEM=$(grep -o 'RealMemory=[0-9]*' <<<"$HW" | cut -d= -f2)
+NODE_GRES="" GRES_TYPES="#GresTypes="
+if (( FAKE_GPUS > 0 )); then NODE_GRES=" Gres=gpu:fake:$FAKE_GPUS" GRES_TYPES="GresTypes=gpu"; fi
+NODE_HOST=""
+if [[ $NODE != "$(hostname -s)" ]]; then NODE_HOST=" NodeHostname=$(hostname -s)"; fi
+
+CONF=$STATE/etc/slurm.conf
+cat >"$CONF" <<EOF
+# Written by slurm-microvm test/cluster/up.sh; private to $STATE.
+ClusterName=microvm-test
+SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+CredType=cred/munge
+StateSaveLocation=$STATE/ctld
+SlurmdSpoolDir=$STATE/spool/%n
+SlurmctldPidFile=$STATE/run/slurmctld.pid
+SlurmdPidFile=$STATE/run/slurmd-%n.pid
+SlurmctldLogFile=$STATE/log/slurmctld.log
+SlurmdLogFile=$STATE/log/slurmd.log
+SlurmctldDebug=$DEBUG
+SlurmdDebug=$DEBUG
+TmpFS=$STATE/tmp
+PlugStackConfig=$STATE/etc/plugstack.conf
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup,task/affinity
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=$((MEM / CPUS))
+MpiDefault=none
+KillWait=5
+ReturnToService=2
+SchedulerType=sched/backfill
+# Batch jobs start on the next scheduler pass (about 1 s) instead of up to 3 s.
+SchedulerParameters=batch_sched_delay=0
+SwitchType=switch/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+$GRES_TYPES
+NodeName=$NODE NodeAddr=127.0.0.1$NODE_HOST $HW$NODE_GRES State=UNKNOWN
+PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+${SLURM_CONF_EXTRA:-}
+EOF
+
+if [[ $CG == v1 ]]; then
+	cat >"$STATE/etc/cgroup.conf" <<EOF
+CgroupPlugin=cgroup/v1
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+ConstrainDevices=yes
+EOF
+else
+	cat >"$STATE/etc/cgroup.conf" <<EOF
+CgroupPlugin=cgroup/v2
+IgnoreSystemd=yes
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+ConstrainDevices=yes
+EOF
+fi
+
+if (( FAKE_GPUS > 0 )); then
+	last=$((FAKE_GPUS - 1))
+	files=/dev/fakegpu0
+	(( last > 0 )) && files="/dev/fakegpu[0-$last]"
+	cat >"$STATE/etc/gres.conf" <<EOF
+AutoDetect=off
+NodeName=$NODE Name=gpu Type=fake File=$files
+EOF
+fi
+
+printf '%s\n' "${PLUGSTACK_LINE:-}" >"$STATE/etc/plugstack.conf"
+chmod 0644 "$STATE"/etc/*
+
+cat >"$STATE/env" <<EOF
+# source me: private Slurm cluster from slurm-microvm test/cluster/up.sh
+export SLURM_CONF=$CONF
+export SLURM_MICROVM_TEST_STATE=$STATE
+export SLURM_MICROVM_TEST_NODE=$NODE
+export SLURM_MICROVM_TEST_USER=$TEST_USER
+export SLURM_MICROVM_TEST_CGROUP=$CG
+# munge clients: munge -n --socket=\$MUNGE_SOCKET | unmunge --socket=\$MUNGE_SOCKET
+export MUNGE_SOCKET=$MUNGE_SOCKET
+EOF
+chmod 0644 "$STATE/env"
+echo "$NODE" >"$STATE/node"
+
+# --- slurm daemons ----------------------------------------------------------------
+export SLURM_CONF=$CONF
+T1=$(date +%s%N)
+start_daemon slurmctld slurmctld -D -i -f "$CONF"
+# Slurm clients (and slurmd's registration) sleep a whole second before
+# retrying a refused connection: start them once slurmctld listens.
+for ((i = 0; ; i++)); do
+	[[ -n $(ss -Htln "sport = :$CTLD_PORT") ]] && break
+	alive slurmctld || die "slurmctld exited; see $STATE/log/slurmctld.log and $STATE/log/slurmctld.out"
+	(( i < TIMEOUT * 20 )) || die "slurmctld not listening on port $CTLD_PORT after ${TIMEOUT}s"
+	sleep 0.05
+done
+if [[ $CG == v2 ]]; then
+	# Enter the delegated cgroup, then exec slurmd (same pid).
+	# shellcheck disable=SC2016 # $$ and $@ are for the inner bash
+	start_daemon slurmd bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$SLURMD_CG" slurmd -D -f "$CONF" -N "$NODE"
+else
+	start_daemon slurmd slurmd -D -f "$CONF" -N "$NODE"
+fi
+
+deadline=$((SECONDS + TIMEOUT))
+while :; do
+	st=$(sinfo -h -N -n "$NODE" -o '%T' 2>/dev/null || true)
+	[[ $st == idle ]] && break
+	for d in munged slurmctld slurmd; do
+		alive "$d" || die "$d exited; see $STATE/log/$d.log and $STATE/log/$d.out"
+	done
+	(( SECONDS < deadline )) || die "node $NODE not idle after ${TIMEOUT}s (state: ${st:-no answer})"
+	sleep 0.1
+done
+T2=$(date +%s%N)
+trap - EXIT
+
+ms() { echo $((($2 - $1) / 1000000)); }
+log "cluster microvm-test is up: node $NODE ($HW) cgroup $CG"
+log "startup: $(ms "$T0" "$T2") ms total, $(ms "$T1" "$T2") ms from starting slurmctld to node idle"
+cat <<EOF
+up.sh: use it:
+    source $STATE/env
+    sinfo; srun -n2 hostname
+    runuser -u $TEST_USER -- env SLURM_CONF=\$SLURM_CONF srun id    # as the test user (cwd must be readable by it)
+  logs: $STATE/log/   stop: $HERE/down.sh $STATE
+EOF

@@ -1,0 +1,253 @@
+// Package e2e runs real `srun --microvm` steps on a real one-node Slurm
+// (slurmctld, slurmd, munge from Debian) with the plugin in plugstack.conf,
+// booting real microVMs (TCG on machines without hardware KVM).
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var jobLine = regexp.MustCompile(`JOB=(\d+)`)
+
+func jobOf(t *testing.T, out string) int {
+	t.Helper()
+	m := jobLine.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no JOB= line in %q", out)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+func TestE2E(t *testing.T) {
+	e := setup(t)
+	img := "--microvm=" + e.image
+
+	t.Run("os-release is the image's", func(t *testing.T) {
+		out, errOut, code := e.srun(t, "", img, "cat", "/etc/os-release")
+		if code != 0 || !strings.Contains(out, e.imageName) {
+			t.Fatalf("exit %d, stdout %q, stderr %q: want the image's os-release", code, out, errOut)
+		}
+	})
+
+	t.Run("guest kernel", func(t *testing.T) {
+		out, errOut, code := e.srun(t, "", img, "uname", "-r")
+		if code != 0 || strings.TrimSpace(out) != e.kernel {
+			t.Fatalf("exit %d, stdout %q, stderr %q: want guest kernel %q", code, out, errOut, e.kernel)
+		}
+	})
+
+	t.Run("one VM per step per node", func(t *testing.T) {
+		out, errOut, code := e.srun(t, "", "-n2", img, "sh", "-c", "echo JOB=$SLURM_JOB_ID; echo $SLURM_PROCID $(cat /proc/sys/kernel/random/boot_id)")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut)
+		}
+		boots := map[string]bool{}
+		ranks := map[string]bool{}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) == 2 {
+				ranks[f[0]] = true
+				boots[f[1]] = true
+			}
+		}
+		if len(ranks) != 2 || len(boots) != 1 || boots[e.hostBoot] {
+			t.Fatalf("ranks %v boot ids %v (host %s): want 2 ranks sharing one guest boot id\n%s", ranks, boots, e.hostBoot, out)
+		}
+		e.waitClean(t, jobOf(t, out))
+	})
+
+	t.Run("exit status", func(t *testing.T) {
+		_, _, code := e.srun(t, "", img, "sh", "-c", "exit 7")
+		if code != 7 {
+			t.Fatalf("exit %d, want 7", code)
+		}
+	})
+
+	t.Run("killed by signal", func(t *testing.T) {
+		_, errOut, code := e.srun(t, "", img, "sh", "-c", "kill -TERM $$")
+		if code == 0 || !strings.Contains(errOut, "Terminated") {
+			t.Fatalf("exit %d, stderr %q: want srun to report the task killed by signal 15", code, errOut)
+		}
+	})
+
+	t.Run("stdin", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		cmd, err := e.c.Command(ctx, "", "srun", img, "cat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stdin = strings.NewReader("hi\n")
+		out, err := cmd.Output()
+		if err != nil || string(out) != "hi\n" {
+			t.Fatalf("echo hi | srun cat: %q, %v", out, err)
+		}
+	})
+
+	t.Run("command not found exits 127", func(t *testing.T) {
+		_, errOut, code := e.srun(t, "", img, "no-such-command")
+		if code != 127 || !strings.Contains(errOut, "no-such-command: command not found") {
+			t.Fatalf("exit %d, stderr %q", code, errOut)
+		}
+	})
+
+	t.Run("non-root user", func(t *testing.T) {
+		out, errOut, code := e.srun(t, "microvmtest", img, "sh", "-c", "echo JOB=$SLURM_JOB_ID; id -u; echo $IMAGE_VAR")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut)
+		}
+		if !strings.Contains(out, "\n"+strconv.Itoa(e.testUID)+"\n") || !strings.Contains(out, "from-image") {
+			t.Fatalf("stdout %q: want uid %d and the image's environment", out, e.testUID)
+		}
+		e.waitClean(t, jobOf(t, out))
+	})
+
+	t.Run("bad input fails before queueing", func(t *testing.T) {
+		corrupt := e2eRoot + "/images/corrupt.tar"
+		data, _ := os.ReadFile(e.image)
+		if err := os.WriteFile(corrupt, data[:len(data)/3], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		private := e2eRoot + "/images/private.tar"
+		if err := os.WriteFile(private, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		tests := []struct {
+			name, user, image, want string
+		}{
+			{"missing file", "", "/nonexistent/image.tar", "/nonexistent/image.tar"},
+			{"corrupt archive", "", corrupt, "corrupt.tar"},
+			{"unreadable for the user", "microvmtest", private, "private.tar"},
+			{"unknown registry reference", "", "docker://127.0.0.1:1/no/such:image", "127.0.0.1:1/no/such:image"},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				_, errOut, code := e.srun(t, tt.user, "--microvm="+tt.image, "true")
+				if code == 0 || !strings.Contains(errOut, tt.want) {
+					t.Fatalf("exit %d, stderr %q: want a failure naming %q", code, errOut, tt.want)
+				}
+				if strings.Contains(errOut, "queued and waiting") || strings.Contains(errOut, "job ") && strings.Contains(errOut, "has been allocated") {
+					t.Errorf("the job was queued before the error: %q", errOut)
+				}
+			})
+		}
+	})
+
+	t.Run("scancel reaches the workload and nothing is left", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		script := "echo JOB=$SLURM_JOB_ID; trap 'echo TRAPPED-TERM; exit 0' TERM; echo READY; while :; do sleep 0.2; done"
+		cmd, err := e.c.Command(ctx, "", "srun", img, "sh", "-c", script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		pr, pw, _ := os.Pipe()
+		cmd.Stdout = pw
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pw.Close()
+		done := make(chan error, 1)
+		ready := make(chan int, 1)
+		go func() {
+			buf := make([]byte, 4096)
+			sent := false
+			for {
+				n, err := pr.Read(buf)
+				out.Write(buf[:n])
+				if !sent && strings.Contains(out.String(), "READY") {
+					ready <- jobOfNoFail(out.String())
+					sent = true
+				}
+				if err != nil {
+					done <- cmd.Wait()
+					return
+				}
+			}
+		}()
+		var job int
+		select {
+		case job = <-ready:
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			t.Fatalf("workload never started: %q", out.String())
+		}
+		if err := e.c.Scancel(ctx, strconv.Itoa(job)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			t.Fatal("srun did not end after scancel")
+		}
+		if !strings.Contains(out.String(), "TRAPPED-TERM") {
+			t.Errorf("stdout %q: the workload's TERM trap did not run", out.String())
+		}
+		e.waitClean(t, job)
+	})
+
+	t.Run("sbatch runs steps in VMs, not the batch script", func(t *testing.T) {
+		dir := t.TempDir()
+		_ = os.Chmod(dir, 0o755)
+		outFile := dir + "/out"
+		script := fmt.Sprintf("#!/bin/sh\n#SBATCH --microvm=%s\n#SBATCH --output=%s\necho BATCH $(cat /proc/sys/kernel/random/boot_id)\nsrun sh -c 'echo STEP $(cat /proc/sys/kernel/random/boot_id) $(cat /etc/os-release | head -1)'\nsrun sh -c 'echo STEP $(cat /proc/sys/kernel/random/boot_id)'\n", e.image, outFile)
+		ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+		defer cancel()
+		job, err := e.c.Sbatch(ctx, "", script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.c.WaitJob(ctx, job); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := os.ReadFile(outFile)
+		out := string(b)
+		var batch string
+		steps := map[string]bool{}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 2 && f[0] == "BATCH" {
+				batch = f[1]
+			}
+			if len(f) >= 2 && f[0] == "STEP" {
+				steps[f[1]] = true
+			}
+		}
+		if batch != e.hostBoot {
+			t.Errorf("batch script boot id %q, want the host's %q (the batch step is not wrapped)\n%s", batch, e.hostBoot, out)
+		}
+		if len(steps) != 2 || steps[e.hostBoot] {
+			t.Errorf("step boot ids %v: want two distinct guest boots\n%s", steps, out)
+		}
+		e.waitClean(t, job)
+	})
+
+	t.Run("run without Slurm", func(t *testing.T) {
+		cmd := exec.Command(e.launcher, "--config", e.config, "run", "--image", e.image, "--", "sh", "-c", "cat /etc/os-release; exit 3")
+		out, _ := cmd.Output()
+		if cmd.ProcessState.ExitCode() != 3 || !strings.Contains(string(out), e.imageName) {
+			t.Fatalf("exit %d, stdout %q", cmd.ProcessState.ExitCode(), out)
+		}
+	})
+}
+
+func jobOfNoFail(out string) int {
+	m := jobLine.FindStringSubmatch(out)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
