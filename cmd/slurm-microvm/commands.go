@@ -216,12 +216,9 @@ func execCommand() *cli.Command {
 		Usage:     "run a command in a running step's sandbox, as a task",
 		ArgsUsage: "-- CMD [ARGS...]",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "state", EnvVars: []string{launcher.EnvState}, Usage: "the step's state directory"},
+			&cli.StringFlag{Name: "state", EnvVars: []string{launcher.EnvState}, Usage: "the step's state directory (default: from " + launcher.EnvStep + " and runtime_dir)"},
 		},
 		Action: func(c *cli.Context) error {
-			if c.String("state") == "" {
-				return cli.Exit("exec: no --state (or "+launcher.EnvState+") given", 2)
-			}
 			if c.NArg() == 0 {
 				return cli.Exit("exec: no command given", 2)
 			}
@@ -243,8 +240,12 @@ func runTask(ctx context.Context, configPath, stateDir string, argv []string) in
 		return 125
 	}
 	if stateDir == "" {
-		fmt.Fprintln(os.Stderr, "slurm-microvm: no sandbox state given ("+launcher.EnvState+" is not set)")
-		return 125
+		id, err := state.ParseStepID(os.Getenv(launcher.EnvStep))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "slurm-microvm: no step to run in (%s: %v)\n", launcher.EnvStep, err)
+			return 125
+		}
+		stateDir = state.Dir{Root: cfg.RuntimeDir, ID: id}.Path()
 	}
 	st, err := launcher.Exec(ctx, stateDir, cfg.Timeouts.Start.Duration, argv, os.Environ(), launcher.Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr})
 	if s, serr := launcher.ReadSpec(stateDir); serr == nil && s.Debug && os.Getenv("SLURM_LOCALID") == "0" {

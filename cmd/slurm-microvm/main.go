@@ -46,6 +46,7 @@ func main() {
 			runCommand(),
 			configCommand(),
 			imageCommand(),
+			assetsCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
 	}
@@ -70,7 +71,7 @@ func execEntry(args []string) int {
 		fmt.Fprintln(os.Stderr, "slurm-microvm: "+execName+" runs only as a task started by the microvm SPANK plugin ("+launcher.EnvArgv0+" is not set)")
 		return 125
 	}
-	return runTask(context.Background(), os.Getenv("SLURM_MICROVM_CONFIG"), os.Getenv(launcher.EnvState), append([]string{argv0}, args...))
+	return runTask(context.Background(), os.Getenv(launcher.EnvConfig), os.Getenv(launcher.EnvState), append([]string{argv0}, args...))
 }
 
 // exitStatus turns a task result into this process's end, as a shell would:

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/test/harness"
 )
 
 var jobLine = regexp.MustCompile(`JOB=(\d+)`)
@@ -28,25 +30,25 @@ func jobOf(t *testing.T, out string) int {
 }
 
 func TestE2E(t *testing.T) {
-	e := setup(t)
-	img := "--microvm=" + e.image
+	e := harness.Setup(t)
+	img := "--microvm=" + e.Image
 
 	t.Run("os-release is the image's", func(t *testing.T) {
-		out, errOut, code := e.srun(t, "", img, "cat", "/etc/os-release")
-		if code != 0 || !strings.Contains(out, e.imageName) {
+		out, errOut, code := e.Srun(t, "", img, "cat", "/etc/os-release")
+		if code != 0 || !strings.Contains(out, e.ImageName) {
 			t.Fatalf("exit %d, stdout %q, stderr %q: want the image's os-release", code, out, errOut)
 		}
 	})
 
 	t.Run("guest kernel", func(t *testing.T) {
-		out, errOut, code := e.srun(t, "", img, "uname", "-r")
-		if code != 0 || strings.TrimSpace(out) != e.kernel {
-			t.Fatalf("exit %d, stdout %q, stderr %q: want guest kernel %q", code, out, errOut, e.kernel)
+		out, errOut, code := e.Srun(t, "", img, "uname", "-r")
+		if code != 0 || strings.TrimSpace(out) != e.Kernel {
+			t.Fatalf("exit %d, stdout %q, stderr %q: want guest kernel %q", code, out, errOut, e.Kernel)
 		}
 	})
 
 	t.Run("one VM per step per node", func(t *testing.T) {
-		out, errOut, code := e.srun(t, "", "-n2", img, "sh", "-c", "echo JOB=$SLURM_JOB_ID; echo $SLURM_PROCID $(cat /proc/sys/kernel/random/boot_id)")
+		out, errOut, code := e.Srun(t, "", "-n2", img, "sh", "-c", "echo JOB=$SLURM_JOB_ID; echo $SLURM_PROCID $(cat /proc/sys/kernel/random/boot_id)")
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, errOut)
 		}
@@ -59,21 +61,21 @@ func TestE2E(t *testing.T) {
 				boots[f[1]] = true
 			}
 		}
-		if len(ranks) != 2 || len(boots) != 1 || boots[e.hostBoot] {
-			t.Fatalf("ranks %v boot ids %v (host %s): want 2 ranks sharing one guest boot id\n%s", ranks, boots, e.hostBoot, out)
+		if len(ranks) != 2 || len(boots) != 1 || boots[e.HostBoot] {
+			t.Fatalf("ranks %v boot ids %v (host %s): want 2 ranks sharing one guest boot id\n%s", ranks, boots, e.HostBoot, out)
 		}
-		e.waitClean(t, jobOf(t, out))
+		e.WaitClean(t, jobOf(t, out))
 	})
 
 	t.Run("exit status", func(t *testing.T) {
-		_, _, code := e.srun(t, "", img, "sh", "-c", "exit 7")
+		_, _, code := e.Srun(t, "", img, "sh", "-c", "exit 7")
 		if code != 7 {
 			t.Fatalf("exit %d, want 7", code)
 		}
 	})
 
 	t.Run("killed by signal", func(t *testing.T) {
-		_, errOut, code := e.srun(t, "", img, "sh", "-c", "kill -TERM $$")
+		_, errOut, code := e.Srun(t, "", img, "sh", "-c", "kill -TERM $$")
 		if code == 0 || !strings.Contains(errOut, "Terminated") {
 			t.Fatalf("exit %d, stderr %q: want srun to report the task killed by signal 15", code, errOut)
 		}
@@ -82,7 +84,7 @@ func TestE2E(t *testing.T) {
 	t.Run("stdin", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
-		cmd, err := e.c.Command(ctx, "", "srun", img, "cat")
+		cmd, err := e.C.Command(ctx, "", "srun", img, "cat")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,30 +96,30 @@ func TestE2E(t *testing.T) {
 	})
 
 	t.Run("command not found exits 127", func(t *testing.T) {
-		_, errOut, code := e.srun(t, "", img, "no-such-command")
+		_, errOut, code := e.Srun(t, "", img, "no-such-command")
 		if code != 127 || !strings.Contains(errOut, "no-such-command: command not found") {
 			t.Fatalf("exit %d, stderr %q", code, errOut)
 		}
 	})
 
 	t.Run("non-root user", func(t *testing.T) {
-		out, errOut, code := e.srun(t, "microvmtest", img, "sh", "-c", "echo JOB=$SLURM_JOB_ID; id -u; echo $IMAGE_VAR")
+		out, errOut, code := e.Srun(t, "microvmtest", img, "sh", "-c", "echo JOB=$SLURM_JOB_ID; id -u; echo $IMAGE_VAR")
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, errOut)
 		}
-		if !strings.Contains(out, "\n"+strconv.Itoa(e.testUID)+"\n") || !strings.Contains(out, "from-image") {
-			t.Fatalf("stdout %q: want uid %d and the image's environment", out, e.testUID)
+		if !strings.Contains(out, "\n"+strconv.Itoa(e.TestUID)+"\n") || !strings.Contains(out, "from-image") {
+			t.Fatalf("stdout %q: want uid %d and the image's environment", out, e.TestUID)
 		}
-		e.waitClean(t, jobOf(t, out))
+		e.WaitClean(t, jobOf(t, out))
 	})
 
 	t.Run("bad input fails before queueing", func(t *testing.T) {
-		corrupt := e2eRoot + "/images/corrupt.tar"
-		data, _ := os.ReadFile(e.image)
+		corrupt := harness.Root + "/images/corrupt.tar"
+		data, _ := os.ReadFile(e.Image)
 		if err := os.WriteFile(corrupt, data[:len(data)/3], 0o644); err != nil {
 			t.Fatal(err)
 		}
-		private := e2eRoot + "/images/private.tar"
+		private := harness.Root + "/images/private.tar"
 		if err := os.WriteFile(private, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -131,7 +133,7 @@ func TestE2E(t *testing.T) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				_, errOut, code := e.srun(t, tt.user, "--microvm="+tt.image, "true")
+				_, errOut, code := e.Srun(t, tt.user, "--microvm="+tt.image, "true")
 				if code == 0 || !strings.Contains(errOut, tt.want) {
 					t.Fatalf("exit %d, stderr %q: want a failure naming %q", code, errOut, tt.want)
 				}
@@ -146,7 +148,7 @@ func TestE2E(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
 		script := "echo JOB=$SLURM_JOB_ID; trap 'echo TRAPPED-TERM; exit 0' TERM; echo READY; while :; do sleep 0.2; done"
-		cmd, err := e.c.Command(ctx, "", "srun", img, "sh", "-c", script)
+		cmd, err := e.C.Command(ctx, "", "srun", img, "sh", "-c", script)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -183,7 +185,7 @@ func TestE2E(t *testing.T) {
 			_ = cmd.Process.Kill()
 			t.Fatalf("workload never started: %q", out.String())
 		}
-		if err := e.c.Scancel(ctx, strconv.Itoa(job)); err != nil {
+		if err := e.C.Scancel(ctx, strconv.Itoa(job)); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -195,21 +197,21 @@ func TestE2E(t *testing.T) {
 		if !strings.Contains(out.String(), "TRAPPED-TERM") {
 			t.Errorf("stdout %q: the workload's TERM trap did not run", out.String())
 		}
-		e.waitClean(t, job)
+		e.WaitClean(t, job)
 	})
 
 	t.Run("sbatch runs steps in VMs, not the batch script", func(t *testing.T) {
 		dir := t.TempDir()
 		_ = os.Chmod(dir, 0o755)
 		outFile := dir + "/out"
-		script := fmt.Sprintf("#!/bin/sh\n#SBATCH --microvm=%s\n#SBATCH --output=%s\necho BATCH $(cat /proc/sys/kernel/random/boot_id)\nsrun sh -c 'echo STEP $(cat /proc/sys/kernel/random/boot_id) $(cat /etc/os-release | head -1)'\nsrun sh -c 'echo STEP $(cat /proc/sys/kernel/random/boot_id)'\n", e.image, outFile)
+		script := fmt.Sprintf("#!/bin/sh\n#SBATCH --microvm=%s\n#SBATCH --output=%s\necho BATCH $(cat /proc/sys/kernel/random/boot_id)\nsrun sh -c 'echo STEP $(cat /proc/sys/kernel/random/boot_id) $(cat /etc/os-release | head -1)'\nsrun sh -c 'echo STEP $(cat /proc/sys/kernel/random/boot_id)'\n", e.Image, outFile)
 		ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 		defer cancel()
-		job, err := e.c.Sbatch(ctx, "", script)
+		job, err := e.C.Sbatch(ctx, "", script)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.c.WaitJob(ctx, job); err != nil {
+		if _, err := e.C.WaitJob(ctx, job); err != nil {
 			t.Fatal(err)
 		}
 		b, _ := os.ReadFile(outFile)
@@ -225,19 +227,19 @@ func TestE2E(t *testing.T) {
 				steps[f[1]] = true
 			}
 		}
-		if batch != e.hostBoot {
-			t.Errorf("batch script boot id %q, want the host's %q (the batch step is not wrapped)\n%s", batch, e.hostBoot, out)
+		if batch != e.HostBoot {
+			t.Errorf("batch script boot id %q, want the host's %q (the batch step is not wrapped)\n%s", batch, e.HostBoot, out)
 		}
-		if len(steps) != 2 || steps[e.hostBoot] {
+		if len(steps) != 2 || steps[e.HostBoot] {
 			t.Errorf("step boot ids %v: want two distinct guest boots\n%s", steps, out)
 		}
-		e.waitClean(t, job)
+		e.WaitClean(t, job)
 	})
 
 	t.Run("run without Slurm", func(t *testing.T) {
-		cmd := exec.Command(e.launcher, "--config", e.config, "run", "--image", e.image, "--", "sh", "-c", "cat /etc/os-release; exit 3")
+		cmd := exec.Command(e.Launcher, "--config", e.Config, "run", "--image", e.Image, "--", "sh", "-c", "cat /etc/os-release; exit 3")
 		out, _ := cmd.Output()
-		if cmd.ProcessState.ExitCode() != 3 || !strings.Contains(string(out), e.imageName) {
+		if cmd.ProcessState.ExitCode() != 3 || !strings.Contains(string(out), e.ImageName) {
 			t.Fatalf("exit %d, stdout %q", cmd.ProcessState.ExitCode(), out)
 		}
 	})

@@ -1,4 +1,6 @@
-package e2e
+// Package harness installs slurm-microvm for the end-to-end tests and
+// benchmarks and starts a real one-node Slurm with the plugin.
+package harness
 
 import (
 	"context"
@@ -22,39 +24,40 @@ import (
 // under /run (0755 all the way) so the unprivileged test user can execute
 // the exec entry and read the images, wherever the repository is cloned.
 const (
-	e2eRoot    = cluster.BaseDir + "/install"
-	runtimeDir = "/run/slurm-microvm-e2e"
-	cacheDir   = "/var/cache/slurm-microvm-e2e"
+	Root       = cluster.BaseDir + "/install"
+	RuntimeDir = "/run/slurm-microvm-e2e"
+	CacheDir   = "/var/cache/slurm-microvm-e2e"
 )
 
-// env is what every end-to-end test gets.
-type env struct {
-	c         *cluster.Cluster
-	launcher  string
-	config    string
-	image     string // busybox OCI archive, readable by everyone
-	imageName string // PRETTY_NAME in its os-release
-	kernel    string // guest kernel release
-	hostBoot  string
-	testUID   int
+// Env is what every end-to-end test gets.
+type Env struct {
+	C         *cluster.Cluster
+	Launcher  string // installed slurm-microvm
+	Config    string // its microvm.toml
+	Agent     string
+	Image     string // busybox OCI archive, readable by everyone
+	ImageName string // NAME in its os-release
+	Kernel    string // guest kernel release
+	HostBoot  string // the host's boot_id
+	TestUID   int    // uid of cluster.TestUser
 }
 
-// setup builds and installs the launcher, agent and plugin under e2eRoot,
+// Setup builds and installs the launcher, agent and plugin under Root,
 // writes the node config, builds the test image, and starts a one-node
 // Slurm with the plugin in plugstack.conf.
-func setup(t *testing.T) *env {
+func Setup(t testing.TB) *Env {
 	t.Helper()
 	fixture.RequireRoot(t)
 	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs", "busybox", "make", "cc")
 	repo := fixture.RepoRoot()
-	bin := filepath.Join(e2eRoot, "bin")
-	if err := os.RemoveAll(e2eRoot); err != nil {
+	bin := filepath.Join(Root, "bin")
+	if err := os.RemoveAll(Root); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{cluster.BaseDir, e2eRoot} {
+	for _, d := range []string{cluster.BaseDir, Root} {
 		_ = os.Chmod(d, 0o755)
 	}
 	build := exec.Command("make", "build")
@@ -74,7 +77,7 @@ func setup(t *testing.T) *env {
 	if err := os.Symlink("slurm-microvm", filepath.Join(bin, "slurm-microvm-exec")); err != nil {
 		t.Fatal(err)
 	}
-	cfg := filepath.Join(e2eRoot, "microvm.toml")
+	cfg := filepath.Join(Root, "microvm.toml")
 	conf := fmt.Sprintf(`runtime_dir = %q
 cache_dir = %q
 [qemu]
@@ -86,66 +89,66 @@ overlay_mib = 256
 [timeouts]
 boot = "120s"
 stop_grace = "3s"
-`, runtimeDir, cacheDir, filepath.Join(bin, "slurm-microvm-agent"))
+`, RuntimeDir, CacheDir, filepath.Join(bin, "slurm-microvm-agent"))
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{launcher: filepath.Join(bin, "slurm-microvm"), config: cfg, imageName: "Microvm E2E Busybox"}
-	if b, err := exec.Command(e.launcher, "--config", cfg, "config", "check").CombinedOutput(); err != nil {
+	e := &Env{Launcher: filepath.Join(bin, "slurm-microvm"), Config: cfg, Agent: filepath.Join(bin, "slurm-microvm-agent"), ImageName: "Microvm E2E Busybox"}
+	if b, err := exec.Command(e.Launcher, "--config", cfg, "config", "check").CombinedOutput(); err != nil {
 		t.Fatalf("config check: %v\n%s", err, b)
 	}
-	out, err := exec.Command(e.launcher, "--config", cfg, "assets").CombinedOutput()
+	out, err := exec.Command(e.Launcher, "--config", cfg, "assets").CombinedOutput()
 	if err != nil {
 		t.Fatalf("assets: %v\n%s", err, out)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		if v, ok := strings.CutPrefix(line, "kernel "); ok {
-			e.kernel = v
+			e.Kernel = v
 		}
 	}
-	images := filepath.Join(e2eRoot, "images")
+	images := filepath.Join(Root, "images")
 	if err := os.MkdirAll(images, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	rootfs := filepath.Join(t.TempDir(), "rootfs")
-	fixture.BusyboxRootfs(t, rootfs, e.imageName)
-	e.image = filepath.Join(images, "busybox.tar")
-	fixture.OCIArchive(t, rootfs, e.image, "microvm-e2e/busybox:1", v1.Config{
+	fixture.BusyboxRootfs(t, rootfs, e.ImageName)
+	e.Image = filepath.Join(images, "busybox.tar")
+	fixture.OCIArchive(t, rootfs, e.Image, "microvm-e2e/busybox:1", v1.Config{
 		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "IMAGE_VAR=from-image"}, WorkingDir: "/",
 	})
-	if err := os.Chmod(e.image, 0o644); err != nil {
+	if err := os.Chmod(e.Image, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	e.hostBoot = strings.TrimSpace(string(b))
+	e.HostBoot = strings.TrimSpace(string(b))
 
-	plug := fmt.Sprintf("required %s launcher=%s config=%s", filepath.Join(bin, "spank_microvm.so"), e.launcher, cfg)
-	e.c = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second})
+	plug := fmt.Sprintf("required %s launcher=%s config=%s", filepath.Join(bin, "spank_microvm.so"), e.Launcher, cfg)
+	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second})
 	u, err := user.Lookup(cluster.TestUser)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.testUID, _ = strconv.Atoi(u.Uid)
+	e.TestUID, _ = strconv.Atoi(u.Uid)
 	return e
 }
 
-// srun runs srun as userName ("" for root) with a generous timeout.
-func (e *env) srun(t *testing.T, userName string, args ...string) (string, string, int) {
+// Srun runs srun as userName ("" for root) with a generous timeout.
+func (e *Env) Srun(t testing.TB, userName string, args ...string) (string, string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	stdout, stderr, code, err := e.c.Srun(ctx, userName, args...)
+	stdout, stderr, code, err := e.C.Srun(ctx, userName, args...)
 	if err != nil && code < 0 {
 		t.Fatalf("srun %v: %v\nstderr: %s", args, err, stderr)
 	}
 	return stdout, stderr, code
 }
 
-// leftovers lists what remains of job on this node: state directories,
+// Leftovers lists what remains of job on this node: state directories,
 // VMM processes, mounts and sockets mentioning the runtime directory.
-func (e *env) leftovers(job int) []string {
+func (e *Env) Leftovers(job int) []string {
 	var out []string
-	entries, _ := os.ReadDir(runtimeDir)
+	entries, _ := os.ReadDir(RuntimeDir)
 	for _, en := range entries {
 		if strings.HasPrefix(en.Name(), strconv.Itoa(job)+".") {
 			out = append(out, "state dir "+en.Name())
@@ -159,32 +162,32 @@ func (e *env) leftovers(job int) []string {
 		}
 		cmd := strings.ReplaceAll(string(b), "\x00", " ")
 		if strings.Contains(cmd, "slurm-microvm-"+strconv.Itoa(job)+".") ||
-			(strings.Contains(cmd, e.launcher) && strings.Contains(cmd, "--job "+strconv.Itoa(job)+" ")) {
+			(strings.Contains(cmd, e.Launcher) && strings.Contains(cmd, "--job "+strconv.Itoa(job)+" ")) {
 			out = append(out, "process "+filepath.Base(filepath.Dir(p))+": "+cmd)
 		}
 	}
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(mi), "\n") {
-		if strings.Contains(line, runtimeDir) {
+		if strings.Contains(line, RuntimeDir) {
 			out = append(out, "mount "+line)
 		}
 	}
 	un, _ := os.ReadFile("/proc/net/unix")
 	for _, line := range strings.Split(string(un), "\n") {
-		if strings.Contains(line, runtimeDir) {
+		if strings.Contains(line, RuntimeDir) {
 			out = append(out, "socket "+line)
 		}
 	}
 	return out
 }
 
-// waitClean waits (up to 15 s, stop is asynchronous to srun's exit) until
+// WaitClean waits (up to 15 s, stop is asynchronous to srun's exit) until
 // nothing of job is left, and fails with the list otherwise.
-func (e *env) waitClean(t *testing.T, job int) {
+func (e *Env) WaitClean(t testing.TB, job int) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		left := e.leftovers(job)
+		left := e.Leftovers(job)
 		if len(left) == 0 {
 			return
 		}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/image"
+)
+
+// imageCommand is `slurm-microvm image`: prepare, check, list and remove
+// cached image disks (package launcher/image), plus the hidden helper the
+// launcher re-executes as the job's user to read user-named paths.
+func imageCommand() *cli.Command {
+	cacheFlag := &cli.StringFlag{Name: "cache-root", Value: image.DefaultCacheRoot, Usage: "image cache directory (one subdirectory per uid)"}
+	uidFlag := &cli.Uint64Flag{Name: "uid", Usage: "the job user's uid (default: the caller's)"}
+	return &cli.Command{
+		Name:  "image",
+		Usage: "convert, check and manage cached image disks",
+		Subcommands: []*cli.Command{
+			{
+				Name:      "prepare",
+				Usage:     "convert IMAGE to a cached erofs disk for a user (root), print it as JSON",
+				ArgsUsage: "IMAGE",
+				Flags: []cli.Flag{
+					cacheFlag, uidFlag,
+					&cli.Uint64Flag{Name: "gid", Usage: "the job user's primary gid (default: the caller's)"},
+					&cli.StringFlag{Name: "groups", Usage: "the job user's supplementary gids, comma-separated (default: the caller's when --uid is not given, none otherwise)"},
+					&cli.StringFlag{Name: "compression", Usage: "mkfs.erofs compressor (lz4, lz4hc); default: none"},
+					&cli.BoolFlag{Name: "insecure", Usage: "allow plain http to a registry on a loopback address"},
+					&cli.BoolFlag{Name: "debug", Usage: "log debug records to stderr"},
+				},
+				Action: func(c *cli.Context) error {
+					ref, err := imageOneArg(c, "IMAGE")
+					if err != nil {
+						return err
+					}
+					o, err := imageOptions(c)
+					if err != nil {
+						return err
+					}
+					img, err := image.Prepare(c.Context, ref, o)
+					if err != nil {
+						return cli.Exit(err.Error(), 1)
+					}
+					enc := json.NewEncoder(c.App.Writer)
+					enc.SetIndent("", "  ")
+					return enc.Encode(img)
+				},
+			},
+			{
+				Name:      "check",
+				Usage:     "validate IMAGE quickly, as the calling user, without converting it",
+				ArgsUsage: "IMAGE",
+				Flags:     []cli.Flag{&cli.BoolFlag{Name: "insecure", Usage: "allow plain http to a registry on a loopback address"}, &cli.BoolFlag{Name: "debug"}},
+				Action: func(c *cli.Context) error {
+					ref, err := imageOneArg(c, "IMAGE")
+					if err != nil {
+						return err
+					}
+					o, err := imageOptions(c)
+					if err != nil {
+						return err
+					}
+					if err := image.Check(c.Context, ref, o); err != nil {
+						return cli.Exit(err.Error(), 1)
+					}
+					return nil
+				},
+			},
+			{
+				Name:  "ls",
+				Usage: "list cached images (root: every user's unless --uid is given)",
+				Flags: []cli.Flag{cacheFlag, uidFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+				Action: func(c *cli.Context) error {
+					uid := uint32(os.Getuid())
+					all := os.Geteuid() == 0 && !c.IsSet("uid")
+					if c.IsSet("uid") {
+						uid = uint32(c.Uint64("uid"))
+					}
+					entries, err := image.List(c.String("cache-root"), uid, all)
+					if err != nil {
+						return cli.Exit(err.Error(), 1)
+					}
+					if c.Bool("json") {
+						return json.NewEncoder(c.App.Writer).Encode(entries)
+					}
+					tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "UID\tDIGEST\tKIND\tSIZE\tCREATED\tREF")
+					for _, e := range entries {
+						fmt.Fprintf(tw, "%d\t%.19s\t%s\t%s\t%s\t%s\n", e.UID, e.Digest, e.Kind, imageHumanBytes(e.Size), e.Created.Local().Format(time.DateTime), e.Ref)
+					}
+					return tw.Flush()
+				},
+			},
+			{
+				Name:      "rm",
+				Usage:     "remove cached images by digest (12+ hex digits) or by the reference they were prepared from",
+				ArgsUsage: "DIGEST|REF...",
+				Flags:     []cli.Flag{cacheFlag, uidFlag},
+				Action: func(c *cli.Context) error {
+					if c.NArg() == 0 {
+						return cli.Exit("image rm: name at least one digest or reference", 2)
+					}
+					uid := uint32(os.Getuid())
+					if c.IsSet("uid") {
+						uid = uint32(c.Uint64("uid"))
+					}
+					for _, what := range c.Args().Slice() {
+						removed, err := image.Remove(c.Context, c.String("cache-root"), uid, what)
+						for _, e := range removed {
+							fmt.Fprintf(c.App.Writer, "removed %s %s\n", e.Digest, e.Ref)
+						}
+						if err != nil {
+							return cli.Exit(err.Error(), 1)
+						}
+					}
+					return nil
+				},
+			},
+			{
+				// The launcher re-executes itself as the job's user with
+				// this subcommand to read user-named paths; see
+				// image.RunHelper. Not for people.
+				Name:            "helper",
+				Hidden:          true,
+				SkipFlagParsing: true,
+				HideHelp:        true,
+				Action: func(c *cli.Context) error {
+					if code := image.RunHelper(c.Context, c.Args().Slice(), os.Stdout, os.Stderr); code != 0 {
+						return cli.Exit("", code)
+					}
+					return nil
+				},
+			},
+		},
+	}
+}
+
+// imageOptions builds image.Options from the flags of prepare/check; the
+// credentials default to the caller's own.
+func imageOptions(c *cli.Context) (image.Options, error) {
+	level := slog.LevelWarn
+	if c.Bool("debug") {
+		level = slog.LevelDebug
+	}
+	o := image.Options{
+		UID:         uint32(os.Getuid()),
+		GID:         uint32(os.Getgid()),
+		CacheRoot:   c.String("cache-root"),
+		Insecure:    c.Bool("insecure"),
+		Compression: c.String("compression"),
+		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+	}
+	if !c.IsSet("uid") {
+		gs, err := os.Getgroups()
+		if err != nil {
+			return o, fmt.Errorf("read the caller's groups: %w", err)
+		}
+		for _, g := range gs {
+			o.Groups = append(o.Groups, uint32(g))
+		}
+	} else {
+		o.UID = uint32(c.Uint64("uid"))
+	}
+	if c.IsSet("gid") {
+		o.GID = uint32(c.Uint64("gid"))
+	}
+	if c.IsSet("groups") {
+		o.Groups = nil
+		for _, s := range strings.Split(c.String("groups"), ",") {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
+			}
+			g, err := strconv.ParseUint(s, 10, 32)
+			if err != nil {
+				return o, cli.Exit(fmt.Sprintf("--groups: %q is not a numeric gid (in %q)", s, c.String("groups")), 2)
+			}
+			o.Groups = append(o.Groups, uint32(g))
+		}
+	}
+	return o, nil
+}
+
+func imageOneArg(c *cli.Context, what string) (string, error) {
+	if c.NArg() != 1 {
+		return "", cli.Exit(fmt.Sprintf("%s: want exactly one %s argument, got %d", c.Command.FullName(), what, c.NArg()), 2)
+	}
+	return c.Args().First(), nil
+}
+
+func imageHumanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
