@@ -88,6 +88,7 @@ func prepareCommand() *cli.Command {
 			&cli.StringFlag{Name: "gpus", Usage: "SLURM_STEP_GPUS"},
 			&cli.IntFlag{Name: "tasks", Usage: "local task count"},
 			&cli.StringFlag{Name: "hostname"},
+			&cli.StringFlag{Name: "cwd", Usage: "directory a relative image path (./img) is relative to: where srun ran"},
 			&cli.BoolFlag{Name: "debug"},
 			&cli.StringFlag{Name: "mounts"}, &cli.StringFlag{Name: "workdir"}, &cli.StringFlag{Name: "mpi"},
 		),
@@ -110,9 +111,13 @@ func prepareCommand() *cli.Command {
 			if host == "" {
 				host, _ = os.Hostname()
 			}
+			img := c.String("image")
+			if (strings.HasPrefix(img, "./") || strings.HasPrefix(img, "../")) && c.String("cwd") != "" {
+				img = filepath.Join(c.String("cwd"), img)
+			}
 			s := &launcher.Spec{
 				ID: stepID(c), UID: uint32(c.Uint("uid")), GID: uint32(c.Uint("gid")), Groups: groups, User: name,
-				Image: c.String("image"), Cores: c.String("cores"), MemMiB: c.Uint64("mem-mb"), GPUs: c.String("gpus"),
+				Image: img, Cores: c.String("cores"), MemMiB: c.Uint64("mem-mb"), GPUs: c.String("gpus"),
 				LocalTasks: c.Int("tasks"), Hostname: host, Debug: c.Bool("debug"),
 				Mounts: c.String("mounts"), Workdir: c.String("workdir"), MPI: c.String("mpi"),
 			}
@@ -178,7 +183,10 @@ func stopCommand() *cli.Command {
 		Usage: "stop a step's sandbox and remove its state (idempotent)",
 		Flags: stepFlags,
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c, false)
+			// Teardown must finish even when the step's own signals
+			// (proctrack/linuxproc sends TERM to the step) reach it.
+			signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+			cfg, err := loadConfig(c, true)
 			if err != nil {
 				return err
 			}
@@ -197,7 +205,8 @@ func gcCommand() *cli.Command {
 		Usage: "stop and remove everything left of a job on this node (epilog)",
 		Flags: []cli.Flag{&cli.UintFlag{Name: "job", Required: true}},
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c, false)
+			signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+			cfg, err := loadConfig(c, true)
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,336 @@
+/*
+ * args.c - plugstack.conf arguments and the --microvm* options.
+ *
+ * plugstack.conf arguments (all optional, paths absolute):
+ *   launcher=PATH  slurm-microvm   (default /usr/local/bin/slurm-microvm)
+ *   exec=PATH      exec entry      (default <launcher>-exec)
+ *   config=PATH    --config        (default /etc/slurm/microvm.toml)
+ *                                  (default /run/slurm-microvm)
+ *   timeout=SECS   bound of every synchronous launcher call (default 300)
+ * Anything else is refused with its name, so a typo never goes unnoticed.
+ *
+ * Options are registered with spank_option_register() in every context
+ * (sbatch/salloc ignore a static spank_options table). Their callbacks only
+ * copy the value: Slurm may call them twice with the same value (job
+ * options, then the environment), and the value is judged by the launcher
+ * (`slurm-microvm validate`), not here.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "microvm.h"
+
+enum {
+	MV_OPT_IMAGE = 1,
+	MV_OPT_DEBUG,
+	MV_OPT_MOUNTS,
+	MV_OPT_WORKDIR,
+	MV_OPT_MPI,
+};
+
+static int mv_option_cb(int val, const char *optarg, int remote);
+
+static struct spank_option mv_spank_options[] = {
+	{ "microvm", "IMAGE",
+	  "Run the step's tasks inside a microVM booted from IMAGE "
+	  "(one VM per step per node).",
+	  1, MV_OPT_IMAGE, mv_option_cb },
+	{ "microvm-debug", NULL,
+	  "Verbose microVM launcher logs and the guest console log.",
+	  0, MV_OPT_DEBUG, mv_option_cb },
+	{ "microvm-mounts", "SPEC",
+	  "Host paths shared with the microVM (SPEC as in slurm-microvm "
+	  "validate --help).",
+	  1, MV_OPT_MOUNTS, mv_option_cb },
+	{ "microvm-workdir", "DIR",
+	  "Working directory of the tasks inside the microVM.",
+	  1, MV_OPT_WORKDIR, mv_option_cb },
+	{ "microvm-mpi", "MODE",
+	  "MPI integration mode inside the microVM.",
+	  1, MV_OPT_MPI, mv_option_cb },
+	SPANK_OPTIONS_TABLE_END
+};
+
+int mv_options_register(spank_t sp)
+{
+	struct spank_option *o;
+
+	for (o = mv_spank_options; o->name; o++) {
+		spank_err_t rc = spank_option_register(sp, o);
+
+		if (rc != ESPANK_SUCCESS) {
+			mv_error("cannot register option --%s: %s", o->name,
+				 spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static const char *mv_option_name(int val)
+{
+	struct spank_option *o;
+
+	for (o = mv_spank_options; o->name; o++)
+		if (o->val == val)
+			return o->name;
+	return "?";
+}
+
+/* Replaces *dst by a copy of src; the old value is freed. */
+static int mv_set_string(char **dst, const char *src)
+{
+	char *copy = strdup(src);
+
+	if (!copy)
+		return -1;
+	free(*dst);
+	*dst = copy;
+	return 0;
+}
+
+static int mv_option_cb(int val, const char *optarg, int remote)
+{
+	const char *name = mv_option_name(val);
+	char **dst = NULL;
+
+	switch (val) {
+	case MV_OPT_DEBUG:
+		mv.opt.debug = 1;
+		return 0;
+	case MV_OPT_IMAGE:
+		dst = &mv.opt.image;
+		break;
+	case MV_OPT_MOUNTS:
+		dst = &mv.opt.mounts;
+		break;
+	case MV_OPT_WORKDIR:
+		dst = &mv.opt.workdir;
+		break;
+	case MV_OPT_MPI:
+		dst = &mv.opt.mpi;
+		break;
+	default:
+		mv_error("unknown option value %d", val);
+		return -1;
+	}
+
+	if (!optarg || !optarg[0]) {
+		mv_error("--%s: the value must not be empty (use --%s=%s)",
+			 name, name, val == MV_OPT_IMAGE ? "IMAGE" : "VALUE");
+		return -1;
+	}
+	if (strlen(optarg) > MV_MAX_OPTARG) {
+		mv_error("--%s: the value is longer than %d bytes", name,
+			 MV_MAX_OPTARG);
+		return -1;
+	}
+	if (*dst && strcmp(*dst, optarg) != 0)
+		mv_debug("--%s: \"%s\" replaces \"%s\"%s", name, optarg, *dst,
+			 remote ? " (remote)" : "");
+	if (mv_set_string(dst, optarg) < 0) {
+		mv_error("--%s: out of memory", name);
+		return -1;
+	}
+	return 0;
+}
+
+/* Checks one path argument of plugstack.conf: present and absolute. */
+static int mv_config_path(const char *key, const char *value, char **dst)
+{
+	if (*dst) {
+		mv_error("plugstack.conf: %s= is given twice", key);
+		return -1;
+	}
+	if (!value[0]) {
+		mv_error("plugstack.conf: %s= needs a value", key);
+		return -1;
+	}
+	if (value[0] != '/') {
+		mv_error("plugstack.conf: %s=%s must be an absolute path", key,
+			 value);
+		return -1;
+	}
+	if (mv_set_string(dst, value) < 0) {
+		mv_error("plugstack.conf: %s=: out of memory", key);
+		return -1;
+	}
+	return 0;
+}
+
+static int mv_config_timeout(const char *value, unsigned *dst, int *seen)
+{
+	char *end = NULL;
+	unsigned long n;
+
+	if (*seen) {
+		mv_error("plugstack.conf: timeout= is given twice");
+		return -1;
+	}
+	*seen = 1;
+	errno = 0;
+	n = strtoul(value, &end, 10);
+	if (!value[0] || !isdigit((unsigned char)value[0]) || *end ||
+	    errno || n < 1 || n > MV_MAX_TIMEOUT_S) {
+		mv_error("plugstack.conf: timeout=%s must be a whole number of "
+			 "seconds from 1 to %u", value, MV_MAX_TIMEOUT_S);
+		return -1;
+	}
+	*dst = (unsigned)n;
+	return 0;
+}
+
+static int mv_config_parse(int ac, char **av, struct mv_config *c)
+{
+	int i, timeout_seen = 0;
+
+	c->timeout_s = MV_DEFAULT_TIMEOUT_S;
+	for (i = 0; i < ac; i++) {
+		const char *arg = av[i];
+		const char *eq = strchr(arg, '=');
+		size_t klen = eq ? (size_t)(eq - arg) : 0;
+		int rc;
+
+#define MV_KEY(k) (eq && klen == sizeof(k) - 1 && !strncmp(arg, k, klen))
+		if (MV_KEY("launcher"))
+			rc = mv_config_path("launcher", eq + 1, &c->launcher);
+		else if (MV_KEY("exec"))
+			rc = mv_config_path("exec", eq + 1, &c->exec);
+		else if (MV_KEY("config"))
+			rc = mv_config_path("config", eq + 1, &c->config);
+		else if (MV_KEY("timeout"))
+			rc = mv_config_timeout(eq + 1, &c->timeout_s,
+					       &timeout_seen);
+		else {
+			mv_error("plugstack.conf: unknown argument \"%s\" "
+				 "(known: launcher=, exec=, config=, timeout=)", arg);
+			rc = -1;
+		}
+#undef MV_KEY
+		if (rc < 0)
+			return -1;
+	}
+
+	if (!c->launcher && mv_set_string(&c->launcher,
+					  MV_DEFAULT_LAUNCHER) < 0)
+		return -1;
+	if (!c->exec) {
+		size_t n = strlen(c->launcher) + sizeof(MV_EXEC_SUFFIX);
+
+		if (!(c->exec = malloc(n)))
+			return -1;
+		strcpy(c->exec, c->launcher);
+		strcat(c->exec, MV_EXEC_SUFFIX);
+	}
+	if (!c->config && mv_set_string(&c->config, MV_DEFAULT_CONFIG) < 0)
+		return -1;
+	return 0;
+}
+
+int mv_config_load(int ac, char **av)
+{
+	struct mv_config c;
+
+	if (mv.cfg.loaded)
+		return 0;
+	memset(&c, 0, sizeof(c));
+	if (mv_config_parse(ac, av, &c) < 0) {
+		free(c.launcher);
+		free(c.exec);
+		free(c.config);
+		return -1;
+	}
+	c.loaded = 1;
+	mv.cfg = c;
+	return 0;
+}
+
+/*
+ * Rank specification of a --multi-prog line: digits, ranges, lists or '*'
+ * (Slurm's multi_prog.c), with at least one digit or '*'.
+ */
+static int mv_is_rank_spec(const char *p, const char *end)
+{
+	int seen = 0;
+
+	if (p == end)
+		return 0;
+	for (; p < end; p++) {
+		if (isdigit((unsigned char)*p) || *p == '*')
+			seen = 1;
+		else if (*p != ',' && *p != '-')
+			return 0;
+	}
+	return seen;
+}
+
+/*
+ * Is this the job argv of a `srun --multi-prog` step? With --multi-prog,
+ * srun sends argv = { config file, config file contents, ... } and
+ * slurmstepd builds each task's argv from the contents, so an argv[0] swap
+ * would never reach the task. The contents are recognised by their shape
+ * (Slurm 22.05 src/slurmd/slurmstepd/multi_prog.c): newline-separated lines,
+ * '#' comments and blank lines ignored, a trailing '\' continues a line,
+ * every other line "RANKS EXECUTABLE [ARGS]".
+ */
+int mv_is_multi_prog_data(int argc, char **argv)
+{
+	const char *p;
+	int lines = 0, continued = 0;
+
+	if (argc < 2 || !argv || !argv[0] || !argv[1])
+		return 0;
+	p = argv[1];
+	if (!strchr(p, '\n'))
+		return 0;
+
+	while (*p) {
+		const char *eol = strchr(p, '\n');
+		const char *end = eol ? eol : p + strlen(p);
+		int continues = end > p && end[-1] == '\\';
+
+		if (!continued) {
+			const char *q = p, *r;
+
+			while (q < end && isspace((unsigned char)*q))
+				q++;
+			if (q < end && *q != '#') {
+				r = q;
+				while (r < end && !isspace((unsigned char)*r))
+					r++;
+				if (!mv_is_rank_spec(q, r))
+					return 0;
+				while (r < end && isspace((unsigned char)*r))
+					r++;
+				if (r == end)
+					return 0;
+				lines++;
+			}
+		}
+		continued = continues;
+		if (!eol)
+			break;
+		p = eol + 1;
+	}
+	return lines > 0;
+}
+
+void mv_argv_options(struct mv_argv *a)
+{
+	if (mv.opt.debug)
+		mv_argv_add(a, "--debug");
+	if (mv.opt.mounts) {
+		mv_argv_add(a, "--mounts");
+		mv_argv_add(a, mv.opt.mounts);
+	}
+	if (mv.opt.workdir) {
+		mv_argv_add(a, "--workdir");
+		mv_argv_add(a, mv.opt.workdir);
+	}
+	if (mv.opt.mpi) {
+		mv_argv_add(a, "--mpi");
+		mv_argv_add(a, mv.opt.mpi);
+	}
+}

@@ -1,0 +1,1 @@
+../microvm.c
