@@ -1,0 +1,143 @@
+// Package image turns what a user passed as --microvm=IMAGE into a cached,
+// read-only erofs disk that the guest mounts as its root filesystem, plus
+// the image config (env, entrypoint, cmd, working dir, user).
+//
+//	img, err := image.Prepare(ctx, "/home/u/pytorch.sqsh", image.Options{UID: 1000, GID: 1000})
+//	// img.Disk = /var/cache/slurm-microvm/1000/<sha256 hex>.erofs
+//	err = image.Check(ctx, ref, opts) // fast, no conversion: srun-side validation
+//
+// Sources, detected from content (never from the file name):
+//
+//	docker save tar         manifest.json (Docker 25+ also writes an OCI layout; that view wins)
+//	OCI archive             tar holding oci-layout + index.json
+//	OCI layout directory    a directory holding oci-layout
+//	squashfs file           magic "hsqs" (what enroot makes)
+//	root filesystem dir     any other non-empty directory
+//	registry reference      docker://host[:port]/repo:tag, host/repo:tag, host#repo:tag, bare names
+//
+// Errors are *Error values whose Class is one of the Err* sentinels
+// (errors.Is) and whose text names the input, what is wrong and the rule or
+// fix: `image "/x/y.tar": no such file (a local image must be an existing
+// OCI archive, OCI layout, squashfs file or root filesystem directory)`.
+//
+// # Design decisions (each with the alternative and why not)
+//
+// Local or registry. Pyxis' rule: a path is absolute or starts with ./ or
+// ../; anything else is a registry reference. Not guessed from file
+// existence or an extension: "ubuntu.sqsh" would mean different things in
+// different directories, and an image called like a file would be pulled or
+// not depending on the cwd.
+//
+// Reading user-named paths. The launcher is root; a path the user names is
+// read by a helper child (the launcher binary re-executed as `image helper`,
+// exec.Cmd with SysProcAttr.Credential = the job's uid, gid and groups, an
+// empty environment, cwd /, Pdeathsig), whose stdout root consumes: the
+// file's bytes, or a directory as a tar. The kernel does the permission
+// check, with groups and ACLs, on every path component. Alternatives:
+// access(2)/faccessat checks then open as root (a race: the user swaps a
+// symlink between check and open); setfsuid(2) on a locked OS thread (Go
+// may run other goroutines' syscalls on it, and a bug reads as root);
+// checking modes by hand (misses ACLs, groups, and every directory above).
+// The child runs as the user, who may ptrace it: everything it sends is
+// treated as untrusted image content, which only ever lands in that user's
+// own cache.
+//
+// Digests (the cache key), computed by the helper while probing, then
+// recomputed by root from what it received (ErrChanged when they differ):
+//   - OCI archive and layout: the image manifest's digest. Manifest and
+//     config blobs are hashed on read, layer blobs while read, and every
+//     layer's uncompressed bytes are checked against the config's
+//     diff_ids, so the digest is a content address.
+//   - docker save: the config digest (the image ID). The archive carries no
+//     manifest; computing one means hashing every layer on every probe. The
+//     config covers the diff_ids, which are verified while unpacking.
+//   - registry: the manifest digest of the linux/GOARCH image (an index is
+//     resolved), so a moved tag converts again; costs one HEAD/GET per
+//     Prepare.
+//   - squashfs: sha256 of the file (one sequential read of it).
+//   - directory: sha256 over each entry's path, type, mode, uid, gid, size,
+//     mtime (ns) and symlink target, in lexical order; like make, a change
+//     of content that keeps size and mtime is not seen. Hashing contents
+//     would read the whole tree on every job start.
+//
+// Archives are read in place. indexTar records each tar member's offset by
+// seeking over data (a multi-GB archive indexes in milliseconds); an OCI
+// archive's blobs are then read straight from the tar (ociTarImage), a
+// docker save tar through tarball.Image. The alternative, unpacking an OCI
+// archive to a directory and using layout.FromPath, doubles disk use and
+// would have root follow symlinks planted among the blobs (a blob linked to
+// /etc/shadow). An OCI layout directory is streamed as a tar of its regular
+// files (the helper follows symlinks, as the user) and handled the same way.
+//
+// Flattening: go-containerregistry's mutate.Extract (whiteouts, opaque
+// directories, refuses ".." names and relative links leaving the root,
+// drops entries below a non-directory of an upper layer). Pitfall found
+// here: it writes the tar trailer even when it fails (deferred Close), so a
+// clean end of tar proves nothing; unpackImage drains the pipe to see the
+// error (a tampered layer otherwise converts silently).
+//
+// Unpacking untrusted tars as root: each member's parent directory is
+// opened with openat2(RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS|RESOLVE_NO_XDEV)
+// and the last component is created with *at calls and O_NOFOLLOW /
+// AT_SYMLINK_NOFOLLOW; ".." names are refused. Symlinks in a path resolve
+// inside the target the way the guest will see them (etc -> /etc puts
+// etc/x at ROOT/etc/x). os.Root was the alternative: it reports an absolute
+// symlink in a path as an escape instead of resolving it inside the root,
+// so images would unpack differently from how they run, and it has no
+// lutimes or mknod. openat2 needs Linux 5.6. Owners, modes (setuid,
+// sticky), nanosecond mtimes, hard links and fifos are kept; device nodes
+// are skipped with a debug record (the guest's /dev is devtmpfs); xattrs
+// are not restored (file capabilities such as ping's are lost) and
+// mkfs.erofs runs with -x-1 so host security labels never reach an image.
+//
+// Squashfs: the helper streams the file into a root-owned work file
+// (hashing it), then unsquashfs extracts it as root. Root is needed for
+// owners; unsquashfs has had path-traversal bugs (CVE-2021-40153,
+// CVE-2021-41072, fixed in 4.5.1), so it runs confined: the helper's
+// `confine` operation, in a fresh mount namespace, makes every mount
+// read-only (mount_setattr AT_RECURSIVE; per-mount remount before Linux
+// 5.12) except the work directory, then execs the tool. mkfs.erofs runs the
+// same way. Alternatives: sqfs2tar (squashfs-tools-ng, not packaged here)
+// into the tar extractor above would use one extraction path; handing the
+// squashfs to the guest as a second disk avoids host parsing entirely but
+// gives a slower root filesystem and needs squashfs and its decompressors
+// in the initramfs; loop-mounting on the host has the host kernel parse an
+// untrusted filesystem. squashfs keeps mtimes in whole seconds.
+//
+// Disk: mkfs.erofs (erofs-utils 1.5, which has no tar input) on the
+// unpacked tree, uncompressed by default: fastest to build and to read
+// (Options.Compression selects lz4/lz4hc). erofs beat the alternatives as a
+// root filesystem in the project's measurements (see DESIGN.md).
+//
+// Cache: CacheRoot/<uid>/<hex>.erofs + <hex>.json, per user, root-owned
+// (dir 0700, files 0444): one user's private image is never usable by
+// another's job, and users cannot read cached disks directly — the launcher
+// (root) opens the disk; QEMU opens its drives before -runas drops
+// privileges. Concurrent Prepare of one image (threads or processes)
+// converts once: flock(2) on <hex>.lock (polled, so ctx cancels the wait),
+// lookup again under the lock, convert in tmp-<hex>-<rand>/ on the same
+// filesystem, fsync, rename the JSON then the disk (the disk's presence is
+// the commit). Work directories left by a crash are removed by the next
+// conversion of the same digest under its lock. Lock files are never
+// removed: unlinking a lock file lets two processes both "hold" it.
+//
+// Registry pulls are anonymous: the launcher is root and a keychain would
+// lend root's credentials to anyone naming a private image. Private images
+// are used by saving them to a file. Options.Insecure permits plain http
+// only for loopback registries (go-containerregistry itself already uses
+// http for localhost and RFC 1918 addresses).
+//
+// Check is what `validate` runs in srun, as the user: in-process when the
+// caller is o.UID, through the helper otherwise. It never converts: a
+// squashfs is checked by its superblock (truncation shows as bytes_used
+// beyond the end), an archive by its tar headers and small blobs (not the
+// layer contents: a tampered layer is found by Prepare), a directory by a
+// metadata walk with access(R_OK) on every file, a registry reference by a
+// HEAD request (an unreachable registry is a warning, not an error: the
+// compute node may reach what the login node cannot).
+//
+// A root filesystem directory must be readable by the job's user in full;
+// a tree made by debootstrap as root is not (/etc/shadow, /root): the error
+// names the first unreadable file. Pack such a tree as a squashfs file or an
+// OCI archive instead.
+package image

@@ -1,0 +1,451 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+)
+
+// Options says whose image is prepared and where it is cached.
+type Options struct {
+	// UID, GID and Groups are the job user's credentials. Local paths are
+	// read by a helper process running with exactly these, and the cache
+	// is per UID.
+	UID, GID uint32
+	Groups   []uint32
+	// CacheRoot holds one cache directory per uid (DefaultCacheRoot when
+	// empty).
+	CacheRoot string
+	// Insecure allows plain http to a registry on a loopback address.
+	Insecure bool
+	// Logger receives debug and info records (discarded when nil).
+	Logger *slog.Logger
+	// Helper is the command line of the helper child, before its
+	// operation (see RunHelper). Default: this executable followed by
+	// DefaultHelperArgs. Tests point it at their own binary.
+	Helper []string
+	// HelperEnv is added to the helper's (otherwise minimal) environment.
+	HelperEnv []string
+	// Compression is mkfs.erofs' -z argument ("lz4", "lz4hc", ...); empty
+	// builds an uncompressed disk (fastest to build and to read).
+	Compression string
+	// MkfsErofs and Unsquashfs override the tools' paths (looked up in
+	// PATH when empty).
+	MkfsErofs, Unsquashfs string
+}
+
+// Config is the part of an OCI image config the guest needs to start a
+// task. Empty for squashfs and directory images, which carry none.
+type Config struct {
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+	User       string   `json:"user,omitempty"`
+}
+
+// Image is a prepared image: a read-only erofs disk holding the image's
+// root filesystem, and its config.
+type Image struct {
+	Ref    string // what the user passed
+	Kind   Kind
+	Digest string // sha256:<hex>: the cache key (see doc.go for what it hashes per kind)
+	Disk   string // path of the erofs disk in the cache, readable by root only
+	Size   int64  // bytes of Disk
+	Config Config
+	Cached bool // the disk was already in the cache: nothing was converted
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.CacheRoot == "" {
+		o.CacheRoot = DefaultCacheRoot
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if len(o.Helper) == 0 {
+		exe, err := os.Executable()
+		if err != nil {
+			return o, fmt.Errorf("find the launcher executable for the image helper: %w", err)
+		}
+		o.Helper = append([]string{exe}, DefaultHelperArgs...)
+	}
+	if o.MkfsErofs == "" {
+		o.MkfsErofs = "mkfs.erofs"
+	}
+	if o.Unsquashfs == "" {
+		o.Unsquashfs = "unsquashfs"
+	}
+	return o, nil
+}
+
+// Check validates ref quickly without converting anything: the reference's
+// syntax; for a local path, that it exists, is readable by the user (o.UID;
+// the calling process itself when it runs as that user, as `validate` does
+// from srun) and is a complete image of a known kind; for a registry
+// reference, that the registry knows it (an unreachable registry is only
+// logged: the compute node may reach what the login node cannot).
+func Check(ctx context.Context, ref string, o Options) error {
+	o, err := o.withDefaults()
+	if err != nil {
+		return err
+	}
+	if !isLocal(ref) {
+		return withRef(ref, localFileHint(ref, checkRegistry(ctx, ref, o), o))
+	}
+	p, err := localPath(ref)
+	if err != nil {
+		return err
+	}
+	if os.Geteuid() == int(o.UID) {
+		_, err = probePath(p, false)
+	} else {
+		_, err = o.probe(ctx, p, false)
+	}
+	return withRef(ref, err)
+}
+
+// Prepare returns the erofs disk of ref for o.UID, converting it on first
+// use and caching it under CacheRoot/<uid>/. Concurrent calls for the same
+// image (in any process) convert it once; the others wait and reuse it.
+// Errors are *Error (test with errors.Is against ErrNotFound, ErrPermission,
+// ErrCorrupt, ErrUnsupported, ErrInvalidRef, ErrChanged, ErrRegistry), or a
+// wrapped error of the host (disk full, tools missing).
+func Prepare(ctx context.Context, ref string, o Options) (*Image, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	var img *Image
+	if isLocal(ref) {
+		img, err = prepareLocal(ctx, ref, o)
+	} else {
+		img, err = prepareRegistry(ctx, ref, o)
+	}
+	if err != nil {
+		return nil, withRef(ref, err)
+	}
+	return img, nil
+}
+
+// localFileHint adds "did you mean ./REF" to a registry error when REF
+// names an existing file in the current directory. Only when the caller is
+// the user (srun side): as root it would reveal files the user cannot see.
+func localFileHint(ref string, err error, o Options) error {
+	var e *Error
+	if err == nil || os.Geteuid() != int(o.UID) || !errors.As(err, &e) {
+		return err
+	}
+	if _, serr := os.Stat(ref); serr != nil {
+		return err
+	}
+	c := *e
+	c.Hint = fmt.Sprintf("%q was taken as a registry reference; to use the local file, write ./%s", ref, ref)
+	return &c
+}
+
+// source is what a converter needs: it fills work/rootfs and returns the
+// config. It runs with the digest's lock held.
+type source func(ctx context.Context, work, rootfs string) (Config, error)
+
+// prepareCached is the cache protocol shared by every kind: look up, lock,
+// look up again, convert into a work directory, build the disk, commit.
+func prepareCached(ctx context.Context, ref string, kind Kind, digest string, o Options, convert source) (*Image, error) {
+	h, err := digestHex(digest)
+	if err != nil {
+		return nil, newErr(ref, errHelper, "bad digest", "", err)
+	}
+	dir, err := userDir(o.CacheRoot, o.UID, true)
+	if err != nil {
+		return nil, err
+	}
+	hit := func() (*Image, bool) {
+		m, disk, ok := lookup(dir, h)
+		if !ok {
+			return nil, false
+		}
+		fi, err := os.Stat(disk)
+		if err != nil {
+			return nil, false
+		}
+		o.Logger.Debug("image cache hit", "ref", ref, "digest", digest, "disk", disk)
+		return &Image{Ref: ref, Kind: kind, Digest: digest, Disk: disk, Size: fi.Size(), Config: m.Config, Cached: true}, true
+	}
+	if img, ok := hit(); ok {
+		return img, nil
+	}
+	unlock, err := lockDigest(ctx, dir, h)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if img, ok := hit(); ok {
+		return img, nil
+	}
+	start := time.Now()
+	work, err := newWorkDir(dir, h)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(work)
+	rootfs := filepath.Join(work, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return nil, err
+	}
+	o.Logger.Info("converting image", "ref", ref, "kind", kind, "digest", digest)
+	cfg, err := convert(ctx, work, rootfs)
+	if err != nil {
+		return nil, err
+	}
+	unpacked := time.Since(start)
+	disk := filepath.Join(work, "disk.erofs")
+	if err := o.mkfs(ctx, work, rootfs, disk); err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(rootfs); err != nil {
+		return nil, fmt.Errorf("remove unpacked image: %w", err)
+	}
+	m := &cacheMeta{Version: metaVersion, Ref: ref, Kind: kind, Digest: digest, Config: cfg, Created: time.Now().UTC(), ConvertSeconds: time.Since(start).Seconds()}
+	final, err := commit(dir, h, work, disk, m)
+	if err != nil {
+		return nil, fmt.Errorf("store image %s in the cache: %w", digest, err)
+	}
+	fi, err := os.Stat(final)
+	if err != nil {
+		return nil, err
+	}
+	o.Logger.Info("converted image", "ref", ref, "digest", digest, "disk", final, "bytes", fi.Size(),
+		"unpack_s", unpacked.Seconds(), "total_s", time.Since(start).Seconds())
+	return &Image{Ref: ref, Kind: kind, Digest: digest, Disk: final, Size: fi.Size(), Config: cfg}, nil
+}
+
+// mkfs builds the erofs disk from the unpacked tree. -x-1 stores no xattrs
+// (the host's security labels must not leak into images); owners, modes and
+// mtimes come from the tree.
+func (o Options) mkfs(ctx context.Context, work, rootfs, disk string) error {
+	tool, err := exec.LookPath(o.MkfsErofs)
+	if err != nil {
+		return fmt.Errorf("build erofs disk: %w (install erofs-utils)", err)
+	}
+	args := []string{tool, "--quiet", "-x-1"}
+	if o.Compression != "" {
+		args = append(args, "-z"+o.Compression)
+	}
+	args = append(args, disk, rootfs)
+	out, err := o.runConfined(ctx, work, args)
+	if err != nil {
+		return fmt.Errorf("build erofs disk: %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+func prepareLocal(ctx context.Context, ref string, o Options) (*Image, error) {
+	p, err := localPath(ref)
+	if err != nil {
+		return nil, err
+	}
+	pr, err := o.probe(ctx, p, true)
+	if err != nil {
+		return nil, err
+	}
+	return prepareCached(ctx, ref, pr.Kind, pr.Digest, o, func(ctx context.Context, work, rootfs string) (Config, error) {
+		s, err := o.stream(ctx, p)
+		if err != nil {
+			return Config{}, err
+		}
+		var cfg Config
+		switch pr.Kind {
+		case KindRootfs:
+			err = unpackTree(ctx, s, rootfs, pr.Digest, o)
+		case KindSquashfs:
+			var sq string
+			sq, err = copyVerified(s, filepath.Join(work, "image.sqsh"), pr.Digest)
+			if err == nil {
+				err = s.finish(nil)
+				s = nil
+			}
+			if err == nil {
+				err = o.unsquash(ctx, work, sq, rootfs)
+			}
+		default: // docker archive, OCI archive, OCI layout (streamed as a tar)
+			var tarPath string
+			tarPath, err = copyVerified(s, filepath.Join(work, "image.tar"), "")
+			if err == nil {
+				err = s.finish(nil)
+				s = nil
+			}
+			if err == nil {
+				cfg, err = unpackArchive(ctx, tarPath, rootfs, pr.Digest, o)
+				os.Remove(tarPath)
+			}
+		}
+		if s != nil {
+			err = s.finish(err)
+		}
+		return cfg, err
+	})
+}
+
+// unpackTree extracts a root filesystem directory streamed by the helper,
+// checking that the tree digest of what arrived is the one probed.
+func unpackTree(ctx context.Context, s *helperStream, rootfs, want string, o Options) error {
+	x, err := newExtractor(rootfs, o.Logger)
+	if err != nil {
+		return err
+	}
+	defer x.Close()
+	th := newTreeHeaderHasher()
+	if err := x.extractStream(ctx, s, th.add); err != nil {
+		return err
+	}
+	if got := th.digest(); got != want {
+		return newErr("", ErrChanged, "the directory changed while it was read", "run again once it is no longer being written", nil)
+	}
+	return nil
+}
+
+// copyVerified copies the stream into a new root-owned file; when want is
+// set, the sha256 of the bytes must be it.
+func copyVerified(r io.Reader, dst, want string) (string, error) {
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	_, err = io.Copy(io.MultiWriter(f, h), r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("copy image: %w", err)
+	}
+	if want != "" && "sha256:"+hex.EncodeToString(h.Sum(nil)) != want {
+		return "", newErr("", ErrChanged, "the file changed while it was read", "run again once it is no longer being written", nil)
+	}
+	return dst, nil
+}
+
+// unpackArchive flattens the image in the tar at tarPath (docker save, or
+// an OCI layout as a tar) into rootfs and returns its config.
+func unpackArchive(ctx context.Context, tarPath, rootfs, want string, o Options) (Config, error) {
+	f, err := os.Open(tarPath)
+	if err != nil {
+		return Config{}, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return Config{}, err
+	}
+	a, err := indexTar(f, fi.Size())
+	if err != nil {
+		return Config{}, err
+	}
+	info, err := a.inspect()
+	if err != nil {
+		return Config{}, err
+	}
+	if info.digest.String() != want {
+		return Config{}, newErr("", ErrChanged, "the image changed while it was read", "run again once it is no longer being written", nil)
+	}
+	img, err := imageFromTar(tarPath, a, info)
+	if err != nil {
+		return Config{}, err
+	}
+	return unpackImage(ctx, img, rootfs, o)
+}
+
+// unpackImage flattens img's layers (whiteouts applied by mutate.Extract,
+// each layer checked against its diff_id) into rootfs.
+func unpackImage(ctx context.Context, img v1.Image, rootfs string, o Options) (Config, error) {
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return Config{}, newErr("", ErrCorrupt, "cannot read the image config", "", err)
+	}
+	x, err := newExtractor(rootfs, o.Logger)
+	if err != nil {
+		return Config{}, err
+	}
+	defer x.Close()
+	rc := mutate.Extract(verifiedImage{Image: img, diffIDs: cf.RootFS.DiffIDs})
+	defer rc.Close()
+	if err := x.extractStream(ctx, rc, nil); err != nil {
+		return Config{}, classifyExtract(err)
+	}
+	// mutate.Extract writes the tar trailer even when it fails (a deferred
+	// Close), so the end of the tar proves nothing: the pipe's own end
+	// carries its error (a layer not matching its diff_id, an unsafe path).
+	if _, err := io.Copy(io.Discard, rc); err != nil {
+		return Config{}, classifyExtract(err)
+	}
+	c := cf.Config
+	return Config{Env: c.Env, WorkingDir: c.WorkingDir, Entrypoint: c.Entrypoint, Cmd: c.Cmd, User: c.User}, nil
+}
+
+// classifyExtract keeps *Error as is and marks other failures of reading
+// layers (mutate.Extract's "unsafe tar path", gzip errors) as corrupt.
+func classifyExtract(err error) error {
+	var e *Error
+	if errors.As(err, &e) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return err
+	}
+	return newErr("", ErrCorrupt, "cannot unpack the image layers", "", err)
+}
+
+// unsquash extracts a squashfs file (already copied into the root-owned
+// work directory) with unsquashfs confined to the work directory, and drops
+// device nodes like the tar extractor does.
+func (o Options) unsquash(ctx context.Context, work, sq, rootfs string) error {
+	tool, err := exec.LookPath(o.Unsquashfs)
+	if err != nil {
+		return fmt.Errorf("unpack squashfs: %w (install squashfs-tools)", err)
+	}
+	if err := os.Remove(rootfs); err != nil { // unsquashfs creates it
+		return err
+	}
+	args := []string{tool, "-no-progress", "-quiet", "-no-xattrs", "-strict-errors", "-d", rootfs, sq}
+	out, err := o.runConfined(ctx, work, args)
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			return err
+		}
+		return newErr("", ErrCorrupt, "unsquashfs failed: "+strings.TrimSpace(lastLines(string(out), 3)), "the squashfs file is damaged; rebuild it", err)
+	}
+	os.Remove(sq)
+	return filepath.WalkDir(rootfs, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type()&fs.ModeDevice != 0 {
+			o.Logger.Debug("skip device node", "name", strings.TrimPrefix(p, rootfs))
+			return os.Remove(p)
+		}
+		return nil
+	})
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "; ")
+}
