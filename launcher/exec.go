@@ -20,7 +20,14 @@ import (
 
 // Environment variables the plugin sets for the exec entry.
 const (
+	// EnvArgv0 holds the task's original argv[0].
 	EnvArgv0 = "SLURM_MICROVM_ARGV0"
+	// EnvStep names the step, "<job>.<step>.<restart>"; its state lives
+	// under the configured runtime_dir.
+	EnvStep = "SLURM_MICROVM_STEP"
+	// EnvConfig is the plugin's config= path.
+	EnvConfig = "SLURM_MICROVM_CONFIG"
+	// EnvState names a state directory directly (manual use of `exec`).
 	EnvState = "SLURM_MICROVM_STATE"
 )
 
@@ -156,7 +163,9 @@ func Exec(ctx context.Context, stateDir string, startTimeout time.Duration, argv
 func TaskEnv(env []string) []string {
 	out := make([]string, 0, len(env))
 	for _, kv := range env {
-		if strings.HasPrefix(kv, EnvArgv0+"=") || strings.HasPrefix(kv, EnvState+"=") {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case EnvArgv0, EnvStep, EnvConfig, EnvState:
 			continue
 		}
 		out = append(out, kv)

@@ -54,18 +54,18 @@ exit 0
 
 // fakeLauncher is a fake slurm-microvm in a temporary directory.
 type fakeLauncher struct {
-	dir     string
-	path    string // launcher=
-	config  string // config=
+	dir    string
+	path   string // launcher=
+	config string // config=
 }
 
 func newFakeLauncher(t *testing.T) *fakeLauncher {
 	t.Helper()
 	dir := t.TempDir()
 	f := &fakeLauncher{
-		dir:     dir,
-		path:    filepath.Join(dir, "slurm-microvm"),
-		config:  filepath.Join(dir, "microvm.toml"),
+		dir:    dir,
+		path:   filepath.Join(dir, "slurm-microvm"),
+		config: filepath.Join(dir, "microvm.toml"),
 	}
 	script := strings.ReplaceAll(fakeLauncherScript, "@DIR@", dir)
 	if err := os.WriteFile(f.path, []byte(script), 0o755); err != nil {
