@@ -20,6 +20,14 @@ func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio S
 	}
 	d := s.Dir(l.Config)
 	defer os.RemoveAll(d.Path())
+	if s.Debug {
+		// Runs before the removal above: show the guest console.
+		defer func() {
+			if b, err := os.ReadFile(d.File(state.ConsoleLog)); err == nil && stdio.Err != nil {
+				fmt.Fprintf(stdio.Err, "--- guest console (%s) ---\n%s", s.ID, b)
+			}
+		}()
+	}
 	log := l.log().With("step", s.ID.String())
 	sb, err := l.boot(ctx, s, d, log)
 	if err != nil {

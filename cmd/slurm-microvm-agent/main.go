@@ -56,9 +56,18 @@ func main() {
 	powerOff()
 }
 
+// uptime is the guest's CLOCK_BOOTTIME, comparable with the kernel log.
+func uptime() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+	return time.Duration(ts.Nano())
+}
+
 func run(ctx context.Context, log *slog.Logger) error {
 	t0 := time.Now()
-	if err := guestmod.LoadAll(ctx, "/"); err != nil {
+	log.Info("agent started", "uptime_ms", uptime().Milliseconds())
+	// Only what the agent needs to serve; features load the rest.
+	if _, err := guestmod.Load(ctx, guestmod.Config{BootOnly: true}); err != nil {
 		return fmt.Errorf("load kernel modules: %w", err)
 	}
 	log.Debug("modules loaded", "ms", time.Since(t0).Milliseconds())
@@ -80,7 +89,7 @@ func run(ctx context.Context, log *slog.Logger) error {
 	}
 	svc := guest.New(guest.Options{Setup: guest.MountRoot, PowerOff: powerOff, Logger: log})
 	svc.Register(srv)
-	log.Info("agent serving", "port", port, "ms_since_agent_start", time.Since(t0).Milliseconds())
+	log.Info("agent serving", "port", port, "ms_since_agent_start", time.Since(t0).Milliseconds(), "uptime_ms", uptime().Milliseconds())
 	if err := srv.Serve(ctx, l); err != nil && !strings.Contains(err.Error(), "closed") {
 		return fmt.Errorf("serve agent API: %w", err)
 	}

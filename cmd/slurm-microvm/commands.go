@@ -57,6 +57,7 @@ func validateCommand() *cli.Command {
 		Usage: "check a step's --microvm options as the submitting user, before the job is queued",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "image", Required: true},
+			&cli.BoolFlag{Name: "debug"},
 			&cli.StringFlag{Name: "mounts"}, &cli.StringFlag{Name: "workdir"}, &cli.StringFlag{Name: "mpi"},
 		},
 		Action: func(c *cli.Context) error {

@@ -41,7 +41,7 @@ const (
 
 // formatVersion changes whenever the layout or content rules of a cache
 // entry change, so old entries are not reused.
-const formatVersion = "slurm-microvm-assets/1"
+const formatVersion = "slurm-microvm-assets/2"
 
 // Options say what to build the guest boot pair from.
 type Options struct {
@@ -323,6 +323,18 @@ func buildInitrd(ctx context.Context, o Options, bz *BzImage, kdir, modDir strin
 	entries, err := ix.Resolve(o.Modules, o.Required, log)
 	if err != nil {
 		return err
+	}
+	// Mark what the guest loads at boot: the closure of the required set.
+	boot, err := ix.Resolve(o.Required, o.Required, log)
+	if err != nil {
+		return err
+	}
+	bootSet := map[string]bool{}
+	for _, e := range boot {
+		bootSet[e.Path] = true
+	}
+	for i := range entries {
+		entries[i].Boot = bootSet[entries[i].Path]
 	}
 	if err := checkStatic(o.Agent); err != nil {
 		return err

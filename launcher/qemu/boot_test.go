@@ -171,6 +171,9 @@ func TestBootExecStop(t *testing.T) {
 		t.Fatal("Stop returned with the VMM running")
 	}
 	t.Logf("stop: %v", time.Since(t1))
+	if con, err := os.ReadFile(filepath.Join(stateDir, "console.log")); err == nil {
+		t.Logf("guest console:\n%s", con)
+	}
 }
 
 func itoa(u uint32) string {

@@ -84,16 +84,22 @@ func (s *Service) Register(srv *ttrpc.Server) { api.RegisterAgentService(srv, s)
 // Close stops the reaper. It does not kill processes.
 func (s *Service) Close() { s.reaper.stop() }
 
+// uptimeMs is CLOCK_BOOTTIME in ms: guest-side timestamps comparable with
+// the kernel's log.
+func uptimeMs() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+	return ts.Nano() / 1e6
+}
+
 func (s *Service) Ping(ctx context.Context, _ *api.PingRequest) (*api.PingResponse, error) {
 	var uts unix.Utsname
 	_ = unix.Uname(&uts)
 	bootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
 	return &api.PingResponse{
 		KernelRelease: unix.ByteSliceToString(uts.Release[:]),
 		BootId:        strings.TrimSpace(string(bootID)),
-		UptimeMs:      uint64(ts.Nano() / 1e6),
+		UptimeMs:      uint64(uptimeMs()),
 	}, nil
 }
 
@@ -103,6 +109,7 @@ func (s *Service) Setup(ctx context.Context, req *api.SetupRequest) (*api.Empty,
 	if s.setup != nil {
 		return nil, status.Error(codes.FailedPrecondition, "sandbox is already set up")
 	}
+	s.log.Debug("setup received", "uptime_ms", uptimeMs())
 	root := ""
 	if s.opts.Setup != nil {
 		r, err := s.opts.Setup(ctx, req)
@@ -115,7 +122,7 @@ func (s *Service) Setup(ctx context.Context, req *api.SetupRequest) (*api.Empty,
 		root = ""
 	}
 	s.setup, s.root = req, root
-	s.log.Info("sandbox set up", "uid", req.Uid, "gid", req.Gid, "groups", req.Groups, "root", root)
+	s.log.Info("sandbox set up", "uptime_ms", uptimeMs(), "uid", req.Uid, "gid", req.Gid, "groups", req.Groups, "root", root)
 	return &api.Empty{}, nil
 }
 
@@ -457,6 +464,15 @@ func (s *Service) Shutdown(ctx context.Context, _ *api.Empty) (*api.Empty, error
 		default:
 			_ = unix.Kill(-p.pid, unix.SIGKILL) // its session's process group
 			_ = unix.Kill(p.pid, unix.SIGKILL)
+		}
+	}
+	// Wait (bounded by ctx) until they are reaped, so nothing writes
+	// after the sync the host relies on.
+	for _, p := range procs {
+		select {
+		case <-p.exited:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 	}
 	unix.Sync()

@@ -48,12 +48,20 @@ const OrderFile = "microvm.order"
 // FlagOptional marks an entry whose load failure is not an error.
 const FlagOptional = "optional"
 
+// FlagBoot marks an entry the guest needs before its agent can serve: the
+// dependency closure of the required modules (console, root disk, erofs,
+// overlay). The rest is loaded when a feature needs it: under TCG every
+// module costs boot time (about 12 ms each, measured).
+const FlagBoot = "boot"
+
 // Entry is one line of the order file.
 type Entry struct {
 	// Path is relative to /lib/modules/<release>, e.g. "kernel/fs/erofs/erofs.ko".
 	Path string `json:"path"`
 	// Optional is set for modules pulled in only as soft dependencies.
 	Optional bool `json:"optional,omitempty"`
+	// Boot is set for modules needed before the agent serves.
+	Boot bool `json:"boot,omitempty"`
 }
 
 // Name is the kernel's name for the module: the file name without ".ko",
@@ -81,11 +89,14 @@ func WriteOrder(w io.Writer, release string, entries []Entry) error {
 		if e.Path == "" || strings.ContainsAny(e.Path, " \t\n") || path.IsAbs(e.Path) {
 			return fmt.Errorf("write module order: bad module path %q (want a relative path without spaces)", e.Path)
 		}
+		line := e.Path
 		if e.Optional {
-			fmt.Fprintf(bw, "%s %s\n", e.Path, FlagOptional)
-		} else {
-			fmt.Fprintln(bw, e.Path)
+			line += " " + FlagOptional
 		}
+		if e.Boot {
+			line += " " + FlagBoot
+		}
+		fmt.Fprintln(bw, line)
 	}
 	return bw.Flush()
 }
@@ -109,8 +120,10 @@ func ParseOrder(r io.Reader) ([]Entry, error) {
 			switch flag {
 			case FlagOptional:
 				e.Optional = true
+			case FlagBoot:
+				e.Boot = true
 			default:
-				return nil, fmt.Errorf("module order line %d: unknown flag %q (known: %s)", n, flag, FlagOptional)
+				return nil, fmt.Errorf("module order line %d: unknown flag %q (known: %s, %s)", n, flag, FlagOptional, FlagBoot)
 			}
 		}
 		out = append(out, e)
@@ -140,6 +153,8 @@ type Config struct {
 	Root string
 	// Release is the kernel release; "" means the running kernel (uname -r).
 	Release string
+	// BootOnly loads only the entries marked boot.
+	BootOnly bool
 }
 
 // Result says what Load did, module names in load order.
@@ -190,6 +205,9 @@ func Load(ctx context.Context, c Config) (Result, error) {
 	for _, e := range entries {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("load modules: %w", err)
+		}
+		if c.BootOnly && !e.Boot {
+			continue
 		}
 		p := filepath.Join(dir, filepath.FromSlash(e.Path))
 		err := finit(p)
