@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -122,7 +123,7 @@ func TestBootExecStop(t *testing.T) {
 			return nil
 		}},
 		{[]string{"id", "-u"}, func(out string, _ driver.ExitStatus) error {
-			if strings.TrimSpace(out) != itoa(uid) {
+			if strings.TrimSpace(out) != strconv.FormatUint(uint64(uid), 10) {
 				return errors.New("wrong uid")
 			}
 			return nil
@@ -176,14 +177,3 @@ func TestBootExecStop(t *testing.T) {
 	}
 }
 
-func itoa(u uint32) string {
-	b := []byte{}
-	if u == 0 {
-		return "0"
-	}
-	for u > 0 {
-		b = append([]byte{byte('0' + u%10)}, b...)
-		u /= 10
-	}
-	return string(b)
-}

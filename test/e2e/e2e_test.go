@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -147,55 +149,53 @@ func TestE2E(t *testing.T) {
 	t.Run("scancel reaches the workload and nothing is left", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
-		script := "echo JOB=$SLURM_JOB_ID; trap 'echo TRAPPED-TERM; exit 0' TERM; echo READY; while :; do sleep 0.2; done"
-		cmd, err := e.C.Command(ctx, "", "srun", img, "sh", "-c", script)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out strings.Builder
-		pr, pw, _ := os.Pipe()
-		cmd.Stdout = pw
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		pw.Close()
-		done := make(chan error, 1)
-		ready := make(chan int, 1)
-		go func() {
-			buf := make([]byte, 4096)
-			sent := false
-			for {
-				n, err := pr.Read(buf)
-				out.Write(buf[:n])
-				if !sent && strings.Contains(out.String(), "READY") {
-					ready <- jobOfNoFail(out.String())
-					sent = true
-				}
-				if err != nil {
-					done <- cmd.Wait()
-					return
-				}
-			}
-		}()
-		var job int
-		select {
-		case job = <-ready:
-		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			t.Fatalf("workload never started: %q", out.String())
-		}
+		run, job := startSrun(t, e, ctx, img, "sh", "-c", trapLoop("TERM"))
 		if err := e.C.Scancel(ctx, strconv.Itoa(job)); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-done:
-		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			t.Fatal("srun did not end after scancel")
+		run.wait(t, ctx)
+		if !strings.Contains(run.stdout(), "TRAPPED-TERM") {
+			t.Errorf("stdout %q: the workload's TERM trap did not run", run.stdout())
 		}
-		if !strings.Contains(out.String(), "TRAPPED-TERM") {
-			t.Errorf("stdout %q: the workload's TERM trap did not run", out.String())
+		e.WaitClean(t, job)
+	})
+
+	t.Run("scancel of the step leaves nothing", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		run, job := startSrun(t, e, ctx, img, "sh", "-c", trapLoop("TERM"))
+		if err := e.C.Scancel(ctx, strconv.Itoa(job)+".0"); err != nil {
+			t.Fatal(err)
+		}
+		run.wait(t, ctx)
+		e.WaitClean(t, job)
+	})
+
+	t.Run("srun double Ctrl-C reaches the workload", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		run, job := startSrun(t, e, ctx, img, "sh", "-c", trapLoop("INT"))
+		// Two SIGINTs within a second: srun forwards Ctrl-C to the tasks.
+		_ = run.cmd.Process.Signal(syscall.SIGINT)
+		time.Sleep(200 * time.Millisecond)
+		_ = run.cmd.Process.Signal(syscall.SIGINT)
+		run.wait(t, ctx)
+		if !strings.Contains(run.stdout(), "TRAPPED-INT") {
+			t.Errorf("stdout %q: the workload's INT trap did not run", run.stdout())
+		}
+		e.WaitClean(t, job)
+	})
+
+	t.Run("time limit ends the step and nothing is left", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("waits for a one-minute time limit")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		run, job := startSrun(t, e, ctx, "--time=1", img, "sh", "-c", trapLoop("TERM"))
+		run.wait(t, ctx)
+		if !strings.Contains(run.stdout(), "TRAPPED-TERM") {
+			t.Errorf("stdout %q: the time limit's TERM did not reach the workload", run.stdout())
 		}
 		e.WaitClean(t, job)
 	})
@@ -243,6 +243,83 @@ func TestE2E(t *testing.T) {
 			t.Fatalf("exit %d, stdout %q", cmd.ProcessState.ExitCode(), out)
 		}
 	})
+}
+
+// started is a srun running in the background whose stdout is watched.
+type started struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  strings.Builder
+	done chan error
+}
+
+func (s *started) stdout() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.out.String()
+}
+
+// startSrun runs srun args in the background and waits until its stdout
+// shows "READY", returning the job id the workload printed (JOB=<id>).
+func startSrun(t *testing.T, e *harness.Env, ctx context.Context, args ...string) (*started, int) {
+	t.Helper()
+	cmd, err := e.C.Command(ctx, "", "srun", args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &started{cmd: cmd, done: make(chan error, 1)}
+	pr, pw, _ := os.Pipe()
+	cmd.Stdout = pw
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	ready := make(chan int, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		sent := false
+		for {
+			n, err := pr.Read(buf)
+			s.mu.Lock()
+			s.out.Write(buf[:n])
+			text := s.out.String()
+			s.mu.Unlock()
+			if !sent && strings.Contains(text, "READY") {
+				ready <- jobOfNoFail(text)
+				sent = true
+			}
+			if err != nil {
+				s.done <- cmd.Wait()
+				return
+			}
+		}
+	}()
+	select {
+	case job := <-ready:
+		return s, job
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		t.Fatalf("workload never started: %q", s.stdout())
+	}
+	return nil, 0
+}
+
+// wait waits for srun to end.
+func (s *started) wait(t *testing.T, ctx context.Context) {
+	t.Helper()
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		_ = s.cmd.Process.Kill()
+		t.Fatalf("srun did not end; stdout %q", s.stdout())
+	}
+}
+
+// trapLoop is a workload that prints its job id and READY, runs until a
+// signal, and prints TRAPPED-<SIG> from its trap.
+func trapLoop(sig string) string {
+	return "echo JOB=$SLURM_JOB_ID; trap 'echo TRAPPED-" + sig + "; exit 0' " + sig + "; echo READY; while :; do sleep 0.2; done"
 }
 
 func jobOfNoFail(out string) int {

@@ -1,0 +1,150 @@
+package launcher
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+)
+
+func TestGuestMemoryMiB(t *testing.T) {
+	r := config.Defaults().Resources // overhead 256, default 1024, min 128
+	tests := []struct {
+		step    uint64
+		want    uint64
+		wantErr string
+	}{
+		{0, 1024, ""},
+		{4096, 3840, ""},
+		{384, 128, ""},
+		{383, 0, "ask for --mem=384M or more"},
+		{100, 0, "step memory 100 MiB leaves less than 128 MiB"},
+	}
+	for _, tt := range tests {
+		got, err := GuestMemoryMiB(tt.step, r)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("GuestMemoryMiB(%d) error %v, want %q", tt.step, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("GuestMemoryMiB(%d) = %d, %v; want %d", tt.step, got, err, tt.want)
+		}
+	}
+}
+
+func TestTaskEnv(t *testing.T) {
+	in := []string{"A=1", EnvArgv0 + "=hostname", EnvStep + "=1.0.0", EnvConfig + "=/etc/x", EnvState + "=/run/x", "SLURM_PROCID=0"}
+	got := strings.Join(TaskEnv(in), " ")
+	if got != "A=1 SLURM_PROCID=0" {
+		t.Fatalf("TaskEnv = %q: the plugin's hand-off variables must not reach the guest", got)
+	}
+}
+
+func TestWaitReady(t *testing.T) {
+	sleeper := exec.Command("sleep", "30")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleeper.Process.Kill(); _, _ = sleeper.Process.Wait() })
+	dead := exec.Command("true")
+	if err := dead.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadProc, _ := state.ProcOf(dead.Process.Pid)
+	_ = dead.Wait()
+
+	tests := []struct {
+		name    string
+		setup   func(dir string)
+		wantErr string
+	}{
+		{"ready", func(d string) { touch(t, d, state.ReadyFile) }, ""},
+		{"error file", func(d string) { write(t, d, state.ErrorFile, "image \"x\": no such file\n") }, "image \"x\": no such file"},
+		{"missing state", func(d string) { os.RemoveAll(d) }, "no sandbox state"},
+		{"supervisor died", func(d string) {
+			write(t, d, state.SupervisorFile, strconv.Itoa(deadProc.Pid)+" "+strconv.FormatUint(deadProc.StartTime, 10)+"\n")
+		}, "supervisor exited before the microVM was ready"},
+		{"timeout", func(d string) {
+			if err := state.WriteProc(filepath.Join(d, state.SupervisorFile), sleeper.Process.Pid); err != nil {
+				t.Fatal(err)
+			}
+		}, "not ready within"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "1.0.0")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			tt.setup(dir)
+			err := WaitReady(context.Background(), dir, 300*time.Millisecond)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("err %v, want %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestPrepareStopIdempotent(t *testing.T) {
+	cfg := config.Defaults()
+	cfg.RuntimeDir = t.TempDir()
+	l := &Launcher{Config: &cfg}
+	s := &Spec{ID: state.StepID{Job: 7, Step: 0}, UID: 1000, GID: 1000, Image: "/img.tar", LocalTasks: 2, MemMiB: 2048}
+	for i := 0; i < 2; i++ { // SPANK callbacks may run twice
+		if err := l.Prepare(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := ReadSpec(s.Dir(&cfg).Path())
+	if err != nil || got.Image != "/img.tar" || got.LocalTasks != 2 {
+		t.Fatalf("spec %+v, %v", got, err)
+	}
+	if fi, err := os.Stat(s.Dir(&cfg).Path()); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("state dir: %v %v", fi, err)
+	}
+	if err := l.Prepare(context.Background(), &Spec{ID: s.ID, Image: "/img.tar", MemMiB: 200}); err == nil {
+		t.Fatal("a step too small for the guest was accepted")
+	}
+	for i := 0; i < 2; i++ {
+		if err := l.Stop(context.Background(), s.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(s.Dir(&cfg).Path()); !os.IsNotExist(err) {
+		t.Fatalf("state dir left after stop: %v", err)
+	}
+	if err := l.Prepare(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.GC(context.Background(), 7); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(cfg.RuntimeDir); len(entries) != 0 {
+		t.Fatalf("gc left %v", entries)
+	}
+}
+
+func touch(t *testing.T, dir, name string) { write(t, dir, name, "") }
+
+func write(t *testing.T, dir, name, content string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
