@@ -147,4 +147,3 @@ func write(t *testing.T, dir, name, content string) {
 		t.Fatal(err)
 	}
 }
-

@@ -176,4 +176,3 @@ func TestBootExecStop(t *testing.T) {
 		t.Logf("guest console:\n%s", con)
 	}
 }
-
