@@ -171,7 +171,7 @@ func TestE2E(t *testing.T) {
 		e.WaitClean(t, job)
 	})
 
-	t.Run("srun double Ctrl-C reaches the workload", func(t *testing.T) {
+	t.Run("srun double Ctrl-C ends the step and nothing is left", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
 		run, job := startSrun(t, e, ctx, img, "sh", "-c", trapLoop("INT"))
@@ -180,9 +180,10 @@ func TestE2E(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		_ = run.cmd.Process.Signal(syscall.SIGINT)
 		run.wait(t, ctx)
-		if !strings.Contains(run.stdout(), "TRAPPED-INT") {
-			t.Errorf("stdout %q: the workload's INT trap did not run", run.stdout())
-		}
+		// srun forwards SIGINT and force-terminates the step at once
+		// (srun_job.c _handle_intr): whether the trap's output still
+		// makes it out races with the step's SIGKILL, on bare Slurm too.
+		t.Logf("workload output: %q", run.stdout())
 		e.WaitClean(t, job)
 	})
 
