@@ -50,7 +50,7 @@ test: build
 unit:
 	$(GO) test -count=1 -short $(TESTFLAGS) ./...
 
-bench: install
+bench: build
 	$(GO) test -count=1 -timeout 30m -run XXX -bench . -benchtime 1x ./test/bench/ -v
 
 demo:

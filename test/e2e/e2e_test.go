@@ -4,8 +4,10 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"regexp"
@@ -15,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/creack/pty"
 
 	"github.com/slurm-microvm/slurm-microvm/test/harness"
 )
@@ -94,6 +98,26 @@ func TestE2E(t *testing.T) {
 		out, err := cmd.Output()
 		if err != nil || string(out) != "hi\n" {
 			t.Fatalf("echo hi | srun cat: %q, %v", out, err)
+		}
+	})
+
+	t.Run("srun --pty gives the workload a terminal", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		cmd, err := e.C.Command(ctx, "", "srun", "--pty", img, "sh", "-c", "test -t 0 && test -t 1 && echo TTY-OK $(stty size)")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 31, Cols: 97})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ptmx.Close()
+		var out bytes.Buffer
+		_, _ = io.Copy(&out, ptmx) // EIO when srun exits
+		_ = cmd.Wait()
+		if !strings.Contains(out.String(), "TTY-OK 31 97") {
+			t.Fatalf("output %q: want a terminal of 31x97 in the guest", out.String())
 		}
 	})
 

@@ -1,0 +1,2 @@
+// Package fs: host paths in the microVM (placeholder, rewritten below).
+package fs
