@@ -7,9 +7,12 @@
 //
 //   - Control channel: virtio-serial with a socketpair host end, not a unix
 //     socket path. No path exists that another process could connect to
-//     first, and there is no listen/connect race at boot. vsock would avoid
-//     the multiplexer but /dev/vhost-vsock does not exist on every host
-//     (it does not on the machines this was built on).
+//     first, and there is no listen/connect race at boot.
+//   - No vsock, even where /dev/vhost-vsock exists: AF_VSOCK has no access
+//     control on the host side (any host user may connect to any guest
+//     CID, and the guest sees them all as CID 2), so an agent listening on
+//     vsock would let another user run processes in this job's VM. The
+//     serial channel is reachable only through the supervisor.
 //   - The supervisor (the process that called Start) is the only holder of
 //     the channel. Exec clients connect to a unix socket in the state
 //     directory, owned by the job's uid with mode 0600 and checked with
