@@ -178,24 +178,28 @@ func startCommand() *cli.Command {
 	}
 }
 
+// teardown runs a stop or gc: with the defaults when the node has no
+// config file, and finishing even when the step's own signals
+// (proctrack/linuxproc sends TERM to the whole step) reach it.
+func teardown(c *cli.Context, fn func(*launcher.Launcher) error) error {
+	signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+	cfg, err := loadConfig(c, true)
+	if err != nil {
+		return err
+	}
+	if err := fn(&launcher.Launcher{Config: cfg, Log: newLogger(os.Stderr, c.Bool("debug"))}); err != nil {
+		return cli.Exit(err.Error(), 1)
+	}
+	return nil
+}
+
 func stopCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "stop",
 		Usage: "stop a step's sandbox and remove its state (idempotent)",
 		Flags: stepFlags,
 		Action: func(c *cli.Context) error {
-			// Teardown must finish even when the step's own signals
-			// (proctrack/linuxproc sends TERM to the step) reach it.
-			signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
-			cfg, err := loadConfig(c, true)
-			if err != nil {
-				return err
-			}
-			l := &launcher.Launcher{Config: cfg, Log: newLogger(os.Stderr, c.Bool("debug"))}
-			if err := l.Stop(c.Context, stepID(c)); err != nil {
-				return cli.Exit(err.Error(), 1)
-			}
-			return nil
+			return teardown(c, func(l *launcher.Launcher) error { return l.Stop(c.Context, stepID(c)) })
 		},
 	}
 }
@@ -206,16 +210,7 @@ func gcCommand() *cli.Command {
 		Usage: "stop and remove everything left of a job on this node (epilog)",
 		Flags: []cli.Flag{&cli.UintFlag{Name: "job", Required: true}},
 		Action: func(c *cli.Context) error {
-			signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
-			cfg, err := loadConfig(c, true)
-			if err != nil {
-				return err
-			}
-			l := &launcher.Launcher{Config: cfg, Log: newLogger(os.Stderr, c.Bool("debug"))}
-			if err := l.GC(c.Context, uint32(c.Uint("job"))); err != nil {
-				return cli.Exit(err.Error(), 1)
-			}
-			return nil
+			return teardown(c, func(l *launcher.Launcher) error { return l.GC(c.Context, uint32(c.Uint("job"))) })
 		},
 	}
 }
