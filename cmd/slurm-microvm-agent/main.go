@@ -71,6 +71,10 @@ func run(ctx context.Context, log *slog.Logger) error {
 		return fmt.Errorf("load kernel modules: %w", err)
 	}
 	log.Debug("modules loaded", "ms", time.Since(t0).Milliseconds())
+	if err := loopbackUp(); err != nil {
+		// Only forwards over loopback (PMIx) need it: go on without.
+		log.Warn("bring up lo", "err", err)
+	}
 	port, err := findPort(portName, 10*time.Second)
 	if err != nil {
 		return err
@@ -137,6 +141,29 @@ func mountPseudo() error {
 		if err := unix.Mount(mt.src, mt.dst, mt.fstype, mt.flags, mt.data); err != nil && err != unix.EBUSY {
 			return fmt.Errorf("mount %s on %s: %w", mt.fstype, mt.dst, err)
 		}
+	}
+	return nil
+}
+
+// loopbackUp sets the guest's lo interface up (the kernel configures
+// 127.0.0.1 on it by itself): listener forwards of the agent, which carry
+// PMIx, listen on it.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("get flags of lo: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
 	}
 	return nil
 }

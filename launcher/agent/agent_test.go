@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -206,5 +208,89 @@ func TestTerminal(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "33 101") {
 		t.Fatalf("output %q, want the terminal size 33 101", out.String())
+	}
+}
+
+// TestForwards relays an inherited fd (as PMI2's PMI_FD) and a loopback
+// listener (as PMIx's server URI) between host ends and a guest process.
+func TestForwards(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root")
+	}
+	c := dial(t, startAgent(t, 65534, 65534))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// The "server" on the host: an echo with a prefix.
+	hostL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostL.Close()
+	go func() {
+		for {
+			conn, err := hostL.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				b := make([]byte, 64)
+				n, _ := conn.Read(b)
+				conn.Write(append([]byte("host-got:"), b[:n]...))
+			}()
+		}
+	}()
+	hostAddr := hostL.Addr().String()
+	// The fd end on the host: the other side of a socketpair.
+	fds, _ := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	hostFD := os.NewFile(uintptr(fds[0]), "pmi-host")
+	peer := os.NewFile(uintptr(fds[1]), "pmi-peer")
+	defer peer.Close()
+
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox-static is missing (its nc is the test's client)")
+	}
+	script := `read line <&5; echo "fd-got:$line"; echo "$URI"; a=${URI#tcp://}; ` +
+		`echo hello | ` + bb + ` nc ${a%:*} ${a##*:}`
+	p, err := c.Start(ctx, &api.CreateProcessRequest{
+		Argv: []string{"sh", "-c", script},
+		Env:  []string{"URI=tcp://" + hostAddr},
+		Forwards: []*api.Forward{
+			{Fd: 5},
+			{Listen: "127.0.0.1:0", Replace: hostAddr},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw := p.Forwards()
+	if len(fw) != 2 || fw[0].Channel == "" || fw[1].Address == "" || fw[1].Address == hostAddr {
+		t.Fatalf("forward info %v", fw)
+	}
+	go p.RelayChannel(ctx, fw[0].Channel, hostFD)
+	go p.ServeListener(ctx, 1, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", hostAddr)
+	})
+	if _, err := peer.Write([]byte("pmi-cmd\n")); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	p.Relay(ctx, nil, &out, os.Stderr)
+	st, err := p.Wait(ctx)
+	if err != nil || st.Code != 0 {
+		t.Fatalf("status %v err %v", st, err)
+	}
+	got := out.String()
+	if !strings.Contains(got, "fd-got:pmi-cmd") {
+		t.Errorf("output %q: the fd forward did not carry the host's bytes", got)
+	}
+	if !strings.Contains(got, "tcp://"+fw[1].Address) {
+		t.Errorf("output %q: URI not rewritten to the guest listener %s", got, fw[1].Address)
+	}
+	if !strings.Contains(got, "host-got:hello") {
+		t.Errorf("output %q: the listener forward did not reach the host server", got)
 	}
 }

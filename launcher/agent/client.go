@@ -64,6 +64,8 @@ type Process struct {
 	Path string
 	tty  bool
 
+	forwards []*api.ForwardInfo
+
 	outputs sync.WaitGroup
 	errMu   sync.Mutex
 	err     error
@@ -79,7 +81,7 @@ func (c *Client) Start(ctx context.Context, req *api.CreateProcessRequest) (*Pro
 		}
 		return nil, fmt.Errorf("create process %q: %s", req.Argv[0], status.Convert(err).Message())
 	}
-	return &Process{c: c, ID: resp.Id, Pid: resp.Pid, Path: resp.Path, tty: req.Terminal}, nil
+	return &Process{c: c, ID: resp.Id, Pid: resp.Pid, Path: resp.Path, tty: req.Terminal, forwards: resp.Forwards}, nil
 }
 
 func (p *Process) setErr(err error) {
@@ -172,4 +174,72 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 		return ExitStatus{Code: 128 + int(resp.Signal), Signal: syscall.Signal(resp.Signal)}, rerr
 	}
 	return ExitStatus{Code: int(resp.ExitCode)}, rerr
+}
+
+// Forwards are the guest side of the request's forwards, in request order.
+func (p *Process) Forwards() []*api.ForwardInfo { return p.forwards }
+
+// RelayChannel copies bytes both ways between conn (the host end, e.g. the
+// task's inherited PMI_FD) and the guest channel id, until both directions
+// reached EOF or ctx ends. It closes conn.
+func (p *Process) RelayChannel(ctx context.Context, id string, conn io.ReadWriteCloser) {
+	done := make(chan struct{}, 2)
+	go func() { // host -> guest
+		defer func() { done <- struct{}{} }()
+		buf := make([]byte, chunk)
+		for {
+			n, err := conn.Read(buf)
+			if n > 0 {
+				if _, werr := p.c.ChannelWrite(ctx, &api.ChannelWriteRequest{Id: id, Data: buf[:n]}); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				_, _ = p.c.ChannelClose(ctx, &api.ChannelCloseRequest{Id: id})
+				return
+			}
+		}
+	}()
+	go func() { // guest -> host
+		defer func() { done <- struct{}{} }()
+		for {
+			resp, err := p.c.ChannelRead(ctx, &api.ChannelReadRequest{Id: id, Len: chunk})
+			if err != nil {
+				return
+			}
+			if len(resp.Data) > 0 {
+				if _, err := conn.Write(resp.Data); err != nil {
+					return
+				}
+			}
+			if resp.Eof {
+				if hc, ok := conn.(interface{ CloseWrite() error }); ok {
+					_ = hc.CloseWrite()
+				}
+				return
+			}
+		}
+	}()
+	<-done
+	<-done
+	conn.Close()
+}
+
+// ServeListener accepts the guest connections of listener forward index and
+// relays each to a host connection from dial, until the process exits or
+// ctx ends.
+func (p *Process) ServeListener(ctx context.Context, index uint32, dial func(context.Context) (net.Conn, error)) {
+	for {
+		ch, err := p.c.AcceptChannel(ctx, &api.AcceptChannelRequest{Id: p.ID, Forward: index})
+		if err != nil {
+			return
+		}
+		conn, err := dial(ctx)
+		if err != nil {
+			p.setErr(fmt.Errorf("forward %d: connect on the host: %w", index, err))
+			_, _ = p.c.ChannelClose(ctx, &api.ChannelCloseRequest{Id: ch.Id})
+			continue
+		}
+		go p.RelayChannel(ctx, ch.Id, conn)
+	}
 }

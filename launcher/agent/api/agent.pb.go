@@ -323,10 +323,12 @@ type CreateProcessRequest struct {
 	// replaces the host's.
 	Env []string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty"`
 	// Working directory inside the guest root; empty: the image's WORKDIR or /.
-	Cwd           string `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	Terminal      bool   `protobuf:"varint,4,opt,name=terminal,proto3" json:"terminal,omitempty"`
-	Rows          uint32 `protobuf:"varint,5,opt,name=rows,proto3" json:"rows,omitempty"`
-	Cols          uint32 `protobuf:"varint,6,opt,name=cols,proto3" json:"cols,omitempty"`
+	Cwd      string `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Terminal bool   `protobuf:"varint,4,opt,name=terminal,proto3" json:"terminal,omitempty"`
+	Rows     uint32 `protobuf:"varint,5,opt,name=rows,proto3" json:"rows,omitempty"`
+	Cols     uint32 `protobuf:"varint,6,opt,name=cols,proto3" json:"cols,omitempty"`
+	// Byte pipes between the host task and the process (PMI).
+	Forwards      []*Forward `protobuf:"bytes,7,rep,name=forwards,proto3" json:"forwards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -403,19 +405,96 @@ func (x *CreateProcessRequest) GetCols() uint32 {
 	return 0
 }
 
+func (x *CreateProcessRequest) GetForwards() []*Forward {
+	if x != nil {
+		return x.Forwards
+	}
+	return nil
+}
+
+// Forward is one byte pipe of a process: an fd the process inherits (PMI2's
+// PMI_FD), or a TCP listener on the guest's loopback (PMIx's server URI)
+// whose connections the host picks up with AcceptChannel.
+type Forward struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// fd > 2: the process gets one end of a socketpair as this fd.
+	Fd uint32 `protobuf:"varint,1,opt,name=fd,proto3" json:"fd,omitempty"`
+	// listen: "127.0.0.1:0" or another loopback address to listen on.
+	Listen string `protobuf:"bytes,2,opt,name=listen,proto3" json:"listen,omitempty"`
+	// replace: every occurrence of this string in the process's
+	// environment values is replaced by the listener's actual address.
+	Replace       string `protobuf:"bytes,3,opt,name=replace,proto3" json:"replace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Forward) Reset() {
+	*x = Forward{}
+	mi := &file_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Forward) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Forward) ProtoMessage() {}
+
+func (x *Forward) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Forward.ProtoReflect.Descriptor instead.
+func (*Forward) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Forward) GetFd() uint32 {
+	if x != nil {
+		return x.Fd
+	}
+	return 0
+}
+
+func (x *Forward) GetListen() string {
+	if x != nil {
+		return x.Listen
+	}
+	return ""
+}
+
+func (x *Forward) GetReplace() string {
+	if x != nil {
+		return x.Replace
+	}
+	return ""
+}
+
 type CreateProcessResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Pid   uint32                 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
 	// Absolute path argv[0] resolved to inside the image.
-	Path          string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	Path string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	// Per forward, in request order: the channel of an fd forward, the
+	// listening address of a listener forward.
+	Forwards      []*ForwardInfo `protobuf:"bytes,4,rep,name=forwards,proto3" json:"forwards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateProcessResponse) Reset() {
 	*x = CreateProcessResponse{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +506,7 @@ func (x *CreateProcessResponse) String() string {
 func (*CreateProcessResponse) ProtoMessage() {}
 
 func (x *CreateProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +519,7 @@ func (x *CreateProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProcessResponse.ProtoReflect.Descriptor instead.
 func (*CreateProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateProcessResponse) GetId() string {
@@ -464,6 +543,309 @@ func (x *CreateProcessResponse) GetPath() string {
 	return ""
 }
 
+func (x *CreateProcessResponse) GetForwards() []*ForwardInfo {
+	if x != nil {
+		return x.Forwards
+	}
+	return nil
+}
+
+type ForwardInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Channel       string                 `protobuf:"bytes,1,opt,name=channel,proto3" json:"channel,omitempty"`
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardInfo) Reset() {
+	*x = ForwardInfo{}
+	mi := &file_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardInfo) ProtoMessage() {}
+
+func (x *ForwardInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardInfo.ProtoReflect.Descriptor instead.
+func (*ForwardInfo) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ForwardInfo) GetChannel() string {
+	if x != nil {
+		return x.Channel
+	}
+	return ""
+}
+
+func (x *ForwardInfo) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+type AcceptChannelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`            // process
+	Forward       uint32                 `protobuf:"varint,2,opt,name=forward,proto3" json:"forward,omitempty"` // index into CreateProcessRequest.forwards
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcceptChannelRequest) Reset() {
+	*x = AcceptChannelRequest{}
+	mi := &file_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcceptChannelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcceptChannelRequest) ProtoMessage() {}
+
+func (x *AcceptChannelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcceptChannelRequest.ProtoReflect.Descriptor instead.
+func (*AcceptChannelRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *AcceptChannelRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AcceptChannelRequest) GetForward() uint32 {
+	if x != nil {
+		return x.Forward
+	}
+	return 0
+}
+
+type Channel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Channel) Reset() {
+	*x = Channel{}
+	mi := &file_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Channel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Channel) ProtoMessage() {}
+
+func (x *Channel) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Channel.ProtoReflect.Descriptor instead.
+func (*Channel) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Channel) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ChannelReadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Len           uint32                 `protobuf:"varint,2,opt,name=len,proto3" json:"len,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChannelReadRequest) Reset() {
+	*x = ChannelReadRequest{}
+	mi := &file_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelReadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelReadRequest) ProtoMessage() {}
+
+func (x *ChannelReadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelReadRequest.ProtoReflect.Descriptor instead.
+func (*ChannelReadRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ChannelReadRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ChannelReadRequest) GetLen() uint32 {
+	if x != nil {
+		return x.Len
+	}
+	return 0
+}
+
+type ChannelWriteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChannelWriteRequest) Reset() {
+	*x = ChannelWriteRequest{}
+	mi := &file_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelWriteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelWriteRequest) ProtoMessage() {}
+
+func (x *ChannelWriteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelWriteRequest.ProtoReflect.Descriptor instead.
+func (*ChannelWriteRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ChannelWriteRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ChannelWriteRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ChannelCloseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChannelCloseRequest) Reset() {
+	*x = ChannelCloseRequest{}
+	mi := &file_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelCloseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelCloseRequest) ProtoMessage() {}
+
+func (x *ChannelCloseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelCloseRequest.ProtoReflect.Descriptor instead.
+func (*ChannelCloseRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ChannelCloseRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 type ProcessRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -473,7 +855,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -485,7 +867,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -498,7 +880,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ProcessRequest) GetId() string {
@@ -518,7 +900,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -530,7 +912,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -543,7 +925,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -569,7 +951,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +963,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +976,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WriteStdinResponse) GetLen() uint32 {
@@ -616,7 +998,7 @@ type ReadOutputRequest struct {
 
 func (x *ReadOutputRequest) Reset() {
 	*x = ReadOutputRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +1010,7 @@ func (x *ReadOutputRequest) String() string {
 func (*ReadOutputRequest) ProtoMessage() {}
 
 func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +1023,7 @@ func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadOutputRequest) GetId() string {
@@ -675,7 +1057,7 @@ type ReadOutputResponse struct {
 
 func (x *ReadOutputResponse) Reset() {
 	*x = ReadOutputResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +1069,7 @@ func (x *ReadOutputResponse) String() string {
 func (*ReadOutputResponse) ProtoMessage() {}
 
 func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +1082,7 @@ func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputResponse.ProtoReflect.Descriptor instead.
 func (*ReadOutputResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadOutputResponse) GetData() []byte {
@@ -727,7 +1109,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -739,7 +1121,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -752,7 +1134,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -781,7 +1163,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +1175,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +1188,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -834,7 +1216,7 @@ type ResizeTTYRequest struct {
 
 func (x *ResizeTTYRequest) Reset() {
 	*x = ResizeTTYRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -846,7 +1228,7 @@ func (x *ResizeTTYRequest) String() string {
 func (*ResizeTTYRequest) ProtoMessage() {}
 
 func (x *ResizeTTYRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -859,7 +1241,7 @@ func (x *ResizeTTYRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeTTYRequest.ProtoReflect.Descriptor instead.
 func (*ResizeTTYRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResizeTTYRequest) GetId() string {
@@ -906,18 +1288,40 @@ const file_agent_proto_rawDesc = "" +
 	"overlayMib\x12\x1a\n" +
 	"\bhostname\x18\a \x01(\tR\bhostname\x12\x1b\n" +
 	"\timage_env\x18\b \x03(\tR\bimageEnv\x12#\n" +
-	"\rimage_workdir\x18\t \x01(\tR\fimageWorkdir\"\x92\x01\n" +
+	"\rimage_workdir\x18\t \x01(\tR\fimageWorkdir\"\xce\x01\n" +
 	"\x14CreateProcessRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
 	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x1a\n" +
 	"\bterminal\x18\x04 \x01(\bR\bterminal\x12\x12\n" +
 	"\x04rows\x18\x05 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x06 \x01(\rR\x04cols\"M\n" +
+	"\x04cols\x18\x06 \x01(\rR\x04cols\x12:\n" +
+	"\bforwards\x18\a \x03(\v2\x1e.slurmmicrovm.agent.v1.ForwardR\bforwards\"K\n" +
+	"\aForward\x12\x0e\n" +
+	"\x02fd\x18\x01 \x01(\rR\x02fd\x12\x16\n" +
+	"\x06listen\x18\x02 \x01(\tR\x06listen\x12\x18\n" +
+	"\areplace\x18\x03 \x01(\tR\areplace\"\x8d\x01\n" +
 	"\x15CreateProcessResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
-	"\x04path\x18\x03 \x01(\tR\x04path\" \n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12>\n" +
+	"\bforwards\x18\x04 \x03(\v2\".slurmmicrovm.agent.v1.ForwardInfoR\bforwards\"A\n" +
+	"\vForwardInfo\x12\x18\n" +
+	"\achannel\x18\x01 \x01(\tR\achannel\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"@\n" +
+	"\x14AcceptChannelRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aforward\x18\x02 \x01(\rR\aforward\"\x19\n" +
+	"\aChannel\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"6\n" +
+	"\x12ChannelReadRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03len\x18\x02 \x01(\rR\x03len\"9\n" +
+	"\x13ChannelWriteRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"%\n" +
+	"\x13ChannelCloseRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\" \n" +
 	"\x0eProcessRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"7\n" +
 	"\x11WriteStdinRequest\x12\x0e\n" +
@@ -946,7 +1350,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x06STDOUT\x10\x00\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x012\xe7\x06\n" +
+	"\x06STDERR\x10\x012\xeb\t\n" +
 	"\x05Agent\x12O\n" +
 	"\x04Ping\x12\".slurmmicrovm.agent.v1.PingRequest\x1a#.slurmmicrovm.agent.v1.PingResponse\x12J\n" +
 	"\x05Setup\x12#.slurmmicrovm.agent.v1.SetupRequest\x1a\x1c.slurmmicrovm.agent.v1.Empty\x12j\n" +
@@ -959,7 +1363,11 @@ const file_agent_proto_rawDesc = "" +
 	"ReadOutput\x12(.slurmmicrovm.agent.v1.ReadOutputRequest\x1a).slurmmicrovm.agent.v1.ReadOutputResponse\x12L\n" +
 	"\x06Signal\x12$.slurmmicrovm.agent.v1.SignalRequest\x1a\x1c.slurmmicrovm.agent.v1.Empty\x12R\n" +
 	"\x04Wait\x12%.slurmmicrovm.agent.v1.ProcessRequest\x1a#.slurmmicrovm.agent.v1.WaitResponse\x12R\n" +
-	"\tResizeTTY\x12'.slurmmicrovm.agent.v1.ResizeTTYRequest\x1a\x1c.slurmmicrovm.agent.v1.Empty\x12F\n" +
+	"\tResizeTTY\x12'.slurmmicrovm.agent.v1.ResizeTTYRequest\x1a\x1c.slurmmicrovm.agent.v1.Empty\x12\\\n" +
+	"\rAcceptChannel\x12+.slurmmicrovm.agent.v1.AcceptChannelRequest\x1a\x1e.slurmmicrovm.agent.v1.Channel\x12c\n" +
+	"\vChannelRead\x12).slurmmicrovm.agent.v1.ChannelReadRequest\x1a).slurmmicrovm.agent.v1.ReadOutputResponse\x12e\n" +
+	"\fChannelWrite\x12*.slurmmicrovm.agent.v1.ChannelWriteRequest\x1a).slurmmicrovm.agent.v1.WriteStdinResponse\x12X\n" +
+	"\fChannelClose\x12*.slurmmicrovm.agent.v1.ChannelCloseRequest\x1a\x1c.slurmmicrovm.agent.v1.Empty\x12F\n" +
 	"\bShutdown\x12\x1c.slurmmicrovm.agent.v1.Empty\x1a\x1c.slurmmicrovm.agent.v1.EmptyB?Z=github.com/slurm-microvm/slurm-microvm/launcher/agent/api;apib\x06proto3"
 
 var (
@@ -975,7 +1383,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: slurmmicrovm.agent.v1.Stream
 	(*Empty)(nil),                 // 1: slurmmicrovm.agent.v1.Empty
@@ -983,43 +1391,60 @@ var file_agent_proto_goTypes = []any{
 	(*PingResponse)(nil),          // 3: slurmmicrovm.agent.v1.PingResponse
 	(*SetupRequest)(nil),          // 4: slurmmicrovm.agent.v1.SetupRequest
 	(*CreateProcessRequest)(nil),  // 5: slurmmicrovm.agent.v1.CreateProcessRequest
-	(*CreateProcessResponse)(nil), // 6: slurmmicrovm.agent.v1.CreateProcessResponse
-	(*ProcessRequest)(nil),        // 7: slurmmicrovm.agent.v1.ProcessRequest
-	(*WriteStdinRequest)(nil),     // 8: slurmmicrovm.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 9: slurmmicrovm.agent.v1.WriteStdinResponse
-	(*ReadOutputRequest)(nil),     // 10: slurmmicrovm.agent.v1.ReadOutputRequest
-	(*ReadOutputResponse)(nil),    // 11: slurmmicrovm.agent.v1.ReadOutputResponse
-	(*SignalRequest)(nil),         // 12: slurmmicrovm.agent.v1.SignalRequest
-	(*WaitResponse)(nil),          // 13: slurmmicrovm.agent.v1.WaitResponse
-	(*ResizeTTYRequest)(nil),      // 14: slurmmicrovm.agent.v1.ResizeTTYRequest
+	(*Forward)(nil),               // 6: slurmmicrovm.agent.v1.Forward
+	(*CreateProcessResponse)(nil), // 7: slurmmicrovm.agent.v1.CreateProcessResponse
+	(*ForwardInfo)(nil),           // 8: slurmmicrovm.agent.v1.ForwardInfo
+	(*AcceptChannelRequest)(nil),  // 9: slurmmicrovm.agent.v1.AcceptChannelRequest
+	(*Channel)(nil),               // 10: slurmmicrovm.agent.v1.Channel
+	(*ChannelReadRequest)(nil),    // 11: slurmmicrovm.agent.v1.ChannelReadRequest
+	(*ChannelWriteRequest)(nil),   // 12: slurmmicrovm.agent.v1.ChannelWriteRequest
+	(*ChannelCloseRequest)(nil),   // 13: slurmmicrovm.agent.v1.ChannelCloseRequest
+	(*ProcessRequest)(nil),        // 14: slurmmicrovm.agent.v1.ProcessRequest
+	(*WriteStdinRequest)(nil),     // 15: slurmmicrovm.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 16: slurmmicrovm.agent.v1.WriteStdinResponse
+	(*ReadOutputRequest)(nil),     // 17: slurmmicrovm.agent.v1.ReadOutputRequest
+	(*ReadOutputResponse)(nil),    // 18: slurmmicrovm.agent.v1.ReadOutputResponse
+	(*SignalRequest)(nil),         // 19: slurmmicrovm.agent.v1.SignalRequest
+	(*WaitResponse)(nil),          // 20: slurmmicrovm.agent.v1.WaitResponse
+	(*ResizeTTYRequest)(nil),      // 21: slurmmicrovm.agent.v1.ResizeTTYRequest
 }
 var file_agent_proto_depIdxs = []int32{
-	0,  // 0: slurmmicrovm.agent.v1.ReadOutputRequest.stream:type_name -> slurmmicrovm.agent.v1.Stream
-	2,  // 1: slurmmicrovm.agent.v1.Agent.Ping:input_type -> slurmmicrovm.agent.v1.PingRequest
-	4,  // 2: slurmmicrovm.agent.v1.Agent.Setup:input_type -> slurmmicrovm.agent.v1.SetupRequest
-	5,  // 3: slurmmicrovm.agent.v1.Agent.CreateProcess:input_type -> slurmmicrovm.agent.v1.CreateProcessRequest
-	8,  // 4: slurmmicrovm.agent.v1.Agent.WriteStdin:input_type -> slurmmicrovm.agent.v1.WriteStdinRequest
-	7,  // 5: slurmmicrovm.agent.v1.Agent.CloseStdin:input_type -> slurmmicrovm.agent.v1.ProcessRequest
-	10, // 6: slurmmicrovm.agent.v1.Agent.ReadOutput:input_type -> slurmmicrovm.agent.v1.ReadOutputRequest
-	12, // 7: slurmmicrovm.agent.v1.Agent.Signal:input_type -> slurmmicrovm.agent.v1.SignalRequest
-	7,  // 8: slurmmicrovm.agent.v1.Agent.Wait:input_type -> slurmmicrovm.agent.v1.ProcessRequest
-	14, // 9: slurmmicrovm.agent.v1.Agent.ResizeTTY:input_type -> slurmmicrovm.agent.v1.ResizeTTYRequest
-	1,  // 10: slurmmicrovm.agent.v1.Agent.Shutdown:input_type -> slurmmicrovm.agent.v1.Empty
-	3,  // 11: slurmmicrovm.agent.v1.Agent.Ping:output_type -> slurmmicrovm.agent.v1.PingResponse
-	1,  // 12: slurmmicrovm.agent.v1.Agent.Setup:output_type -> slurmmicrovm.agent.v1.Empty
-	6,  // 13: slurmmicrovm.agent.v1.Agent.CreateProcess:output_type -> slurmmicrovm.agent.v1.CreateProcessResponse
-	9,  // 14: slurmmicrovm.agent.v1.Agent.WriteStdin:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
-	1,  // 15: slurmmicrovm.agent.v1.Agent.CloseStdin:output_type -> slurmmicrovm.agent.v1.Empty
-	11, // 16: slurmmicrovm.agent.v1.Agent.ReadOutput:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
-	1,  // 17: slurmmicrovm.agent.v1.Agent.Signal:output_type -> slurmmicrovm.agent.v1.Empty
-	13, // 18: slurmmicrovm.agent.v1.Agent.Wait:output_type -> slurmmicrovm.agent.v1.WaitResponse
-	1,  // 19: slurmmicrovm.agent.v1.Agent.ResizeTTY:output_type -> slurmmicrovm.agent.v1.Empty
-	1,  // 20: slurmmicrovm.agent.v1.Agent.Shutdown:output_type -> slurmmicrovm.agent.v1.Empty
-	11, // [11:21] is the sub-list for method output_type
-	1,  // [1:11] is the sub-list for method input_type
-	1,  // [1:1] is the sub-list for extension type_name
-	1,  // [1:1] is the sub-list for extension extendee
-	0,  // [0:1] is the sub-list for field type_name
+	6,  // 0: slurmmicrovm.agent.v1.CreateProcessRequest.forwards:type_name -> slurmmicrovm.agent.v1.Forward
+	8,  // 1: slurmmicrovm.agent.v1.CreateProcessResponse.forwards:type_name -> slurmmicrovm.agent.v1.ForwardInfo
+	0,  // 2: slurmmicrovm.agent.v1.ReadOutputRequest.stream:type_name -> slurmmicrovm.agent.v1.Stream
+	2,  // 3: slurmmicrovm.agent.v1.Agent.Ping:input_type -> slurmmicrovm.agent.v1.PingRequest
+	4,  // 4: slurmmicrovm.agent.v1.Agent.Setup:input_type -> slurmmicrovm.agent.v1.SetupRequest
+	5,  // 5: slurmmicrovm.agent.v1.Agent.CreateProcess:input_type -> slurmmicrovm.agent.v1.CreateProcessRequest
+	15, // 6: slurmmicrovm.agent.v1.Agent.WriteStdin:input_type -> slurmmicrovm.agent.v1.WriteStdinRequest
+	14, // 7: slurmmicrovm.agent.v1.Agent.CloseStdin:input_type -> slurmmicrovm.agent.v1.ProcessRequest
+	17, // 8: slurmmicrovm.agent.v1.Agent.ReadOutput:input_type -> slurmmicrovm.agent.v1.ReadOutputRequest
+	19, // 9: slurmmicrovm.agent.v1.Agent.Signal:input_type -> slurmmicrovm.agent.v1.SignalRequest
+	14, // 10: slurmmicrovm.agent.v1.Agent.Wait:input_type -> slurmmicrovm.agent.v1.ProcessRequest
+	21, // 11: slurmmicrovm.agent.v1.Agent.ResizeTTY:input_type -> slurmmicrovm.agent.v1.ResizeTTYRequest
+	9,  // 12: slurmmicrovm.agent.v1.Agent.AcceptChannel:input_type -> slurmmicrovm.agent.v1.AcceptChannelRequest
+	11, // 13: slurmmicrovm.agent.v1.Agent.ChannelRead:input_type -> slurmmicrovm.agent.v1.ChannelReadRequest
+	12, // 14: slurmmicrovm.agent.v1.Agent.ChannelWrite:input_type -> slurmmicrovm.agent.v1.ChannelWriteRequest
+	13, // 15: slurmmicrovm.agent.v1.Agent.ChannelClose:input_type -> slurmmicrovm.agent.v1.ChannelCloseRequest
+	1,  // 16: slurmmicrovm.agent.v1.Agent.Shutdown:input_type -> slurmmicrovm.agent.v1.Empty
+	3,  // 17: slurmmicrovm.agent.v1.Agent.Ping:output_type -> slurmmicrovm.agent.v1.PingResponse
+	1,  // 18: slurmmicrovm.agent.v1.Agent.Setup:output_type -> slurmmicrovm.agent.v1.Empty
+	7,  // 19: slurmmicrovm.agent.v1.Agent.CreateProcess:output_type -> slurmmicrovm.agent.v1.CreateProcessResponse
+	16, // 20: slurmmicrovm.agent.v1.Agent.WriteStdin:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
+	1,  // 21: slurmmicrovm.agent.v1.Agent.CloseStdin:output_type -> slurmmicrovm.agent.v1.Empty
+	18, // 22: slurmmicrovm.agent.v1.Agent.ReadOutput:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
+	1,  // 23: slurmmicrovm.agent.v1.Agent.Signal:output_type -> slurmmicrovm.agent.v1.Empty
+	20, // 24: slurmmicrovm.agent.v1.Agent.Wait:output_type -> slurmmicrovm.agent.v1.WaitResponse
+	1,  // 25: slurmmicrovm.agent.v1.Agent.ResizeTTY:output_type -> slurmmicrovm.agent.v1.Empty
+	10, // 26: slurmmicrovm.agent.v1.Agent.AcceptChannel:output_type -> slurmmicrovm.agent.v1.Channel
+	18, // 27: slurmmicrovm.agent.v1.Agent.ChannelRead:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
+	16, // 28: slurmmicrovm.agent.v1.Agent.ChannelWrite:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
+	1,  // 29: slurmmicrovm.agent.v1.Agent.ChannelClose:output_type -> slurmmicrovm.agent.v1.Empty
+	1,  // 30: slurmmicrovm.agent.v1.Agent.Shutdown:output_type -> slurmmicrovm.agent.v1.Empty
+	17, // [17:31] is the sub-list for method output_type
+	3,  // [3:17] is the sub-list for method input_type
+	3,  // [3:3] is the sub-list for extension type_name
+	3,  // [3:3] is the sub-list for extension extendee
+	0,  // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1033,7 +1458,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -17,6 +17,10 @@ type AgentService interface {
 	Signal(context.Context, *SignalRequest) (*Empty, error)
 	Wait(context.Context, *ProcessRequest) (*WaitResponse, error)
 	ResizeTTY(context.Context, *ResizeTTYRequest) (*Empty, error)
+	AcceptChannel(context.Context, *AcceptChannelRequest) (*Channel, error)
+	ChannelRead(context.Context, *ChannelReadRequest) (*ReadOutputResponse, error)
+	ChannelWrite(context.Context, *ChannelWriteRequest) (*WriteStdinResponse, error)
+	ChannelClose(context.Context, *ChannelCloseRequest) (*Empty, error)
 	Shutdown(context.Context, *Empty) (*Empty, error)
 }
 
@@ -85,6 +89,34 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ResizeTTY(ctx, &req)
+			},
+			"AcceptChannel": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req AcceptChannelRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.AcceptChannel(ctx, &req)
+			},
+			"ChannelRead": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ChannelReadRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ChannelRead(ctx, &req)
+			},
+			"ChannelWrite": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ChannelWriteRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ChannelWrite(ctx, &req)
+			},
+			"ChannelClose": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ChannelCloseRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ChannelClose(ctx, &req)
 			},
 			"Shutdown": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req Empty
@@ -174,6 +206,38 @@ func (c *agentClient) Wait(ctx context.Context, req *ProcessRequest) (*WaitRespo
 func (c *agentClient) ResizeTTY(ctx context.Context, req *ResizeTTYRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "slurmmicrovm.agent.v1.Agent", "ResizeTTY", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) AcceptChannel(ctx context.Context, req *AcceptChannelRequest) (*Channel, error) {
+	var resp Channel
+	if err := c.client.Call(ctx, "slurmmicrovm.agent.v1.Agent", "AcceptChannel", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ChannelRead(ctx context.Context, req *ChannelReadRequest) (*ReadOutputResponse, error) {
+	var resp ReadOutputResponse
+	if err := c.client.Call(ctx, "slurmmicrovm.agent.v1.Agent", "ChannelRead", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ChannelWrite(ctx context.Context, req *ChannelWriteRequest) (*WriteStdinResponse, error) {
+	var resp WriteStdinResponse
+	if err := c.client.Call(ctx, "slurmmicrovm.agent.v1.Agent", "ChannelWrite", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ChannelClose(ctx context.Context, req *ChannelCloseRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "slurmmicrovm.agent.v1.Agent", "ChannelClose", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -48,12 +48,14 @@ type Service struct {
 	log    *slog.Logger
 	reaper *reaper
 
-	mu      sync.Mutex
-	setup   *api.SetupRequest
-	root    string
-	procs   map[string]*process
-	nextID  int
-	stopped bool
+	mu       sync.Mutex
+	setup    *api.SetupRequest
+	root     string
+	procs    map[string]*process
+	nextID   int
+	channels map[string]*channel
+	nextChan int
+	stopped  bool
 }
 
 type process struct {
@@ -67,6 +69,7 @@ type process struct {
 	status  unix.WaitStatus
 	readMu  [2]sync.Mutex
 	stdinMu sync.Mutex
+	fw      *forwards
 }
 
 // New returns a Service; call Close when done.
@@ -75,7 +78,7 @@ func New(o Options) *Service {
 	if l == nil {
 		l = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Service{opts: o, log: l, reaper: newReaper(), procs: map[string]*process{}}
+	return &Service{opts: o, log: l, reaper: newReaper(), procs: map[string]*process{}, channels: map[string]*channel{}}
 }
 
 // Register adds the service to a ttrpc server.
@@ -165,8 +168,12 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 		return nil, status.Errorf(codes.FailedPrecondition, "working directory %q does not exist in the image", cwd)
 	}
 	env := withPath(mergeEnv(setup.ImageEnv, req.Env), imagePath)
+	fw, fwInfo, env, err := s.setupForwards(req.Forwards, env)
+	if err != nil {
+		return nil, err
+	}
 
-	p := &process{tty: req.Terminal, exited: make(chan struct{})}
+	p := &process{tty: req.Terminal, exited: make(chan struct{}), fw: fw}
 	var childFiles []*os.File
 	attr := &syscall.SysProcAttr{
 		Setsid: true,
@@ -216,7 +223,7 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 	}
 	pid, exitCh, err := s.reaper.start(func() (int, error) {
 		proc, err := os.StartProcess(resolved, req.Argv, &os.ProcAttr{
-			Dir: cwd, Env: env, Files: childFiles, Sys: attr,
+			Dir: cwd, Env: env, Files: fw.childFiles(childFiles), Sys: attr,
 		})
 		if err != nil {
 			return 0, err
@@ -226,8 +233,10 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 		return pid, nil
 	})
 	closeChildEnds(childFiles)
+	fw.closeChildEnds()
 	if err != nil {
 		p.closeAll()
+		s.closeForwards(fw)
 		code := codes.Internal
 		if errors.Is(err, os.ErrPermission) {
 			code = codes.PermissionDenied
@@ -247,10 +256,15 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 	go func() {
 		p.status = <-exitCh
 		close(p.exited)
+		// The rank is gone: its listeners go; its channels drain and
+		// close when the host reads their EOF or the agent stops.
+		for _, l := range fw.listeners {
+			l.Close()
+		}
 		s.log.Info("process exited", "id", p.id, "pid", pid, "status", describe(p.status))
 	}()
 	s.log.Info("process started", "id", p.id, "pid", pid, "path", resolved, "tty", req.Terminal)
-	return &api.CreateProcessResponse{Id: p.id, Pid: uint32(pid), Path: resolved}, nil
+	return &api.CreateProcessResponse{Id: p.id, Pid: uint32(pid), Path: resolved, Forwards: fwInfo}, nil
 }
 
 func closeChildEnds(files []*os.File) {
