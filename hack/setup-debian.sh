@@ -27,6 +27,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PACKAGES=(
 	slurm-wlm munge libslurm-dev      # Slurm 22.05 daemons/clients, munge, <slurm/spank.h>
 	libpmix2 libpmix-dev              # srun --mpi=pmix: Slurm dlopens pmix2/lib/libpmix.so (in -dev)
+	libopenmpi-dev openmpi-bin libmpich-dev mpich libucx-dev libfabric-dev # MPI stacks: mpi check, test programs
 	qemu-system-x86 linux-image-amd64 # the VMM and the guest kernel (/boot/vmlinuz-*)
 	erofs-utils squashfs-tools cpio kmod busybox-static debootstrap # images, initramfs
 	docker-registry                   # local OCI registry for image tests

@@ -149,12 +149,16 @@ func Exec(ctx context.Context, stateDir string, startTimeout time.Duration, argv
 	if err := WaitReady(ctx, stateDir, startTimeout); err != nil {
 		return driver.ExitStatus{}, err
 	}
+	spec, err := withPMI(driver.ProcessSpec{Argv: argv, Env: TaskEnv(env)})
+	if err != nil {
+		return driver.ExitStatus{}, err
+	}
 	c, err := qemu.Attach(ctx, stateDir)
 	if err != nil {
 		return driver.ExitStatus{}, err
 	}
 	defer c.Close()
-	return ExecIn(ctx, c, driver.ProcessSpec{Argv: argv, Env: TaskEnv(env)}, io)
+	return ExecIn(ctx, c, spec, io)
 }
 
 // TaskEnv is the environment a task passes into the guest: the task's own

@@ -47,6 +47,7 @@ func main() {
 			configCommand(),
 			imageCommand(),
 			assetsCommand(),
+			mpiCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
 	}

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"syscall"
 )
 
@@ -78,6 +79,27 @@ type ProcessSpec struct {
 	Terminal bool
 	Rows     uint16
 	Cols     uint16
+	// FDs are host byte streams the process inherits as the given fd
+	// numbers (> 2): PMI-2's PMI_FD.
+	FDs []FDForward
+	// Listeners are loopback listeners in the guest whose connections are
+	// relayed to host connections: PMIx's server URI.
+	Listeners []ListenerForward
+}
+
+// FDForward relays Host (closed when done) to fd GuestFD of the process.
+type FDForward struct {
+	GuestFD int
+	Host    io.ReadWriteCloser
+}
+
+// ListenerForward listens on Listen ("127.0.0.1:0") in the guest, replaces
+// Replace in the process's environment values by the actual address, and
+// relays each accepted connection to a connection from Dial.
+type ListenerForward struct {
+	Listen  string
+	Replace string
+	Dial    func(ctx context.Context) (net.Conn, error)
 }
 
 // ExitStatus is how a process ended: Signal != 0 when killed by a signal.

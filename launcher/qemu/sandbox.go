@@ -382,12 +382,26 @@ type client struct{ c *agent.Client }
 func (c *client) Close() error { return c.c.Close() }
 
 func (c *client) Exec(ctx context.Context, spec driver.ProcessSpec) (driver.Process, error) {
-	p, err := c.c.Start(ctx, &api.CreateProcessRequest{
+	req := &api.CreateProcessRequest{
 		Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd,
 		Terminal: spec.Terminal, Rows: uint32(spec.Rows), Cols: uint32(spec.Cols),
-	})
+	}
+	for _, f := range spec.FDs {
+		req.Forwards = append(req.Forwards, &api.Forward{Fd: uint32(f.GuestFD)})
+	}
+	for _, l := range spec.Listeners {
+		req.Forwards = append(req.Forwards, &api.Forward{Listen: l.Listen, Replace: l.Replace})
+	}
+	p, err := c.c.Start(ctx, req)
 	if err != nil {
 		return nil, err
+	}
+	info := p.Forwards()
+	for i, f := range spec.FDs {
+		go p.RelayChannel(ctx, info[i].Channel, f.Host)
+	}
+	for i, l := range spec.Listeners {
+		go p.ServeListener(ctx, uint32(len(spec.FDs)+i), l.Dial)
 	}
 	return process{p}, nil
 }

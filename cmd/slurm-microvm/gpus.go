@@ -1,0 +1,137 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
+)
+
+// gpusCommand is `slurm-microvm gpus`: the node's GPU readiness for VFIO
+// passthrough (package launcher/gpu). It exits 1 when a GPU that gres.conf
+// configures for this node cannot be passed through now.
+func gpusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "gpus",
+		Usage: "show this node's GPUs (gres.conf) and whether each can be passed to a microVM",
+		Description: "Per GPU of gres.conf: PCI address, IOMMU group and members, bound driver, NVML UUID and MIG mode\n" +
+			"where the NVIDIA driver is loaded, the gres.conf entry, and whether a step could get it now;\n" +
+			"plus host checks (IOMMU, vfio-pci, /dev/vfio). Exit status 1 when a configured GPU is not passable.",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
+			&cli.StringFlag{Name: "gres-conf", Value: gpu.DefaultGresConf, Usage: "gres.conf to read"},
+			&cli.StringFlag{Name: "node", Usage: "Slurm node name for NodeName= lines (default: short host name)"},
+			&cli.StringFlag{Name: "sysfs-root", Value: "/sys", Usage: "where sysfs is mounted (a fake tree in tests)"},
+			&cli.StringFlag{Name: "procfs-root", Value: "/proc", Usage: "where procfs is mounted"},
+			&cli.StringFlag{Name: "dev-root", Value: "/dev", Usage: "where /dev is"},
+			&cli.BoolFlag{Name: "allow-rebind", Usage: "judge GPUs as a node that lets slurm-microvm rebind them to vfio-pci would"},
+			&cli.BoolFlag{Name: "no-nvml", Usage: "do not load libnvidia-ml"},
+		},
+		Action: func(c *cli.Context) error {
+			req := gpu.InspectRequest{
+				GresConf: c.String("gres-conf"), Node: c.String("node"), AllowRebind: c.Bool("allow-rebind"),
+				Roots: gpu.Roots{Sys: c.String("sysfs-root"), Proc: c.String("procfs-root"), Dev: c.String("dev-root")},
+			}
+			if !c.Bool("no-nvml") {
+				req.NVML = gpunvml.New()
+			}
+			rep := gpu.Inspect(c.Context, req)
+			if c.Bool("json") {
+				enc := json.NewEncoder(c.App.Writer)
+				enc.SetIndent("", "  ")
+				enc.SetEscapeHTML(false)
+				if err := enc.Encode(rep); err != nil {
+					return err
+				}
+			} else {
+				printGPUReport(c.App.Writer, rep)
+			}
+			if !rep.Passable() {
+				bad := 0
+				for _, g := range rep.GPUs {
+					if !g.Passable {
+						bad++
+					}
+				}
+				return cli.Exit(fmt.Sprintf("gpus: %d of %d configured GPU(s) cannot be passed through now", bad, len(rep.GPUs)), 1)
+			}
+			return nil
+		},
+	}
+}
+
+func printGPUReport(w io.Writer, r *gpu.Report) {
+	fmt.Fprintf(w, "node %s, gres.conf %s", r.Node, r.GresConf)
+	if r.AutoDetect != "" {
+		fmt.Fprintf(w, " (AutoDetect=%s)", r.AutoDetect)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "host:")
+	for _, c := range r.Host {
+		mark := "ok  "
+		if !c.OK {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "  %s %-14s %s\n", mark, c.Name, c.Detail)
+	}
+	if r.NoGPUs != "" {
+		fmt.Fprintf(w, "GPUs: none: %s\n", r.NoGPUs)
+	}
+	for _, g := range r.GPUs {
+		fmt.Fprintf(w, "GPU %d  %s", g.Index, g.File)
+		if g.BDF != "" {
+			fmt.Fprintf(w, "  %s", g.BDF)
+		}
+		if g.Name != "" {
+			fmt.Fprintf(w, "  %s", g.Name)
+		}
+		if g.NVMLIndex >= 0 {
+			fmt.Fprintf(w, "  nvml %d", g.NVMLIndex)
+		}
+		if g.UUID != "" {
+			fmt.Fprintf(w, "  %s", g.UUID)
+		}
+		if g.MIG != "" {
+			fmt.Fprintf(w, "  MIG %s", g.MIG)
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "  %s  %s\n", g.GresWhere, g.Gres)
+		if g.IOMMUGroup >= 0 {
+			var ms []string
+			for _, m := range g.Members {
+				ms = append(ms, fmt.Sprintf("%s %s (%s)", m.BDF, m.Role, orNone(m.Driver)))
+			}
+			fmt.Fprintf(w, "  driver %s", orNone(g.Driver))
+			if g.Minor >= 0 {
+				fmt.Fprintf(w, ", minor %d", g.Minor)
+			}
+			fmt.Fprintf(w, ", IOMMU group %d: %s\n", g.IOMMUGroup, strings.Join(ms, ", "))
+		}
+		switch {
+		case g.Passable && len(g.Rebind) > 0:
+			fmt.Fprintf(w, "  passable: yes (moves %s to vfio-pci at step start, back at stop)\n", strings.Join(g.Rebind, " "))
+		case g.Passable:
+			fmt.Fprintln(w, "  passable: yes")
+		default:
+			fmt.Fprintf(w, "  passable: no: %s\n", g.Why)
+		}
+	}
+	for _, u := range r.Unlisted {
+		fmt.Fprintf(w, "not in gres.conf: %s, IOMMU group %d\n", u.Desc, u.IOMMUGroup)
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/BurntSushi/toml"
+	"github.com/urfave/cli/v2"
+
+	"github.com/slurm-microvm/slurm-microvm/fs"
+)
+
+// mountsCommand prints the mount table a step would get:
+//
+//	slurm-microvm mounts --mounts SPEC [--uid U [--gid G] [--groups g1,g2]] [--plan]
+//
+// It checks the [mounts] policy of the config file, plans the site mounts,
+// the scratch directory and SPEC (default: $SLURM_MICROVM_MOUNTS), and,
+// unless --plan, opens every source as the user (root may name any --uid;
+// others only themselves) and prints where each resolves and on which
+// filesystem. No scratch directory is created.
+func mountsCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "mounts",
+		Usage:     "print the resolved mount table for a --microvm-mounts value and a user",
+		ArgsUsage: " ",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "mounts", Usage: "mount spec SRC[:DST[:FLAGS]][,...] (default: $" + fs.EnvVar + ")"},
+			&cli.StringFlag{Name: "uid", Usage: "job user (default: the caller)"},
+			&cli.StringFlag{Name: "gid", Usage: "primary gid (default: from passwd)"},
+			&cli.StringFlag{Name: "groups", Usage: "supplementary gids, comma separated (default: from the group database)"},
+			&cli.BoolFlag{Name: "plan", Usage: "only plan: check syntax and policy, open nothing"},
+		},
+		Action: func(c *cli.Context) error {
+			p, err := loadMountPolicy(c.String("config"))
+			if err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+			if errs := p.Validate(); len(errs) > 0 {
+				return cli.Exit(fmt.Sprintf("%s: %v", c.String("config"), errors.Join(errs...)), 2)
+			}
+			u, err := mountsUser(c)
+			if err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+			spec, origin := c.String("mounts"), fs.OptionName
+			if !c.IsSet("mounts") {
+				spec, origin = os.Getenv(fs.EnvVar), fs.EnvVar
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			defer w.Flush()
+			if c.Bool("plan") {
+				entries, err := p.Plan(u, spec, origin, "")
+				if err != nil {
+					return cli.Exit(err.Error(), 2)
+				}
+				fmt.Fprintln(w, "#\tDESTINATION\tMODE\tORIGIN\tSOURCE")
+				for i, e := range entries {
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", i+1, e.Destination, mode(e.ReadOnly, e.Optional), e.Origin, e.Source)
+				}
+				return nil
+			}
+			t, err := p.Resolve(c.Context, fs.Request{User: u, Mounts: spec, Origin: origin})
+			if err != nil {
+				return cli.Exit(err.Error(), 1)
+			}
+			defer t.Close()
+			fmt.Fprintln(w, "#\tDESTINATION\tMODE\tORIGIN\tSOURCE\tRESOLVED\tFSTYPE")
+			for i, s := range t.Shares {
+				fst := s.FS.Type
+				if s.FS.Network {
+					fst += " (network)"
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", i+1, s.Destination, mode(s.ReadOnly, false), s.Origin, s.Source, s.Resolved, fst)
+			}
+			for _, e := range t.Skipped {
+				fmt.Fprintf(w, "-\t%s\tskipped\t%s\t%s\t(optional, missing)\t\n", e.Destination, e.Origin, e.Source)
+			}
+			if p.ScratchBase != "" {
+				fmt.Fprintf(w, "+\t%s\trw\tscratch\t%s/<job>.<step>.<restart>\t(created at start)\t\n", p.ScratchDestination, p.ScratchBase)
+			}
+			return nil
+		},
+	}
+}
+
+func mode(ro, optional bool) string {
+	m := "rw"
+	if ro {
+		m = "ro"
+	}
+	if optional {
+		m += "+optional"
+	}
+	return m
+}
+
+// loadMountPolicy reads the [mounts] section of the config file over
+// fs.DefaultPolicy (a missing file gives the defaults). Other sections are
+// left to launcher/config.
+func loadMountPolicy(path string) (fs.Policy, error) {
+	v := struct {
+		Mounts fs.Policy `toml:"mounts"`
+	}{Mounts: fs.DefaultPolicy()}
+	if _, err := toml.DecodeFile(path, &v); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fs.Policy{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	return v.Mounts, nil
+}
+
+// mountsUser is the job user of `mounts`: --uid or the caller, with gid
+// and groups from the flags, else from the user databases.
+func mountsUser(c *cli.Context) (fs.User, error) {
+	uidS := c.String("uid")
+	if uidS == "" {
+		uidS = strconv.Itoa(os.Getuid())
+	}
+	pw, err := user.LookupId(uidS)
+	if err != nil {
+		if pw, err = user.Lookup(uidS); err != nil {
+			return fs.User{}, fmt.Errorf("--uid %s: %w", uidS, err)
+		}
+	}
+	uid, _ := strconv.ParseUint(pw.Uid, 10, 32)
+	gidS := c.String("gid")
+	if gidS == "" {
+		gidS = pw.Gid
+	}
+	gid, err := strconv.ParseUint(gidS, 10, 32)
+	if err != nil {
+		return fs.User{}, fmt.Errorf("--gid %q is not a numeric gid", gidS)
+	}
+	var groups []uint32
+	if c.IsSet("groups") {
+		if groups, err = parseGids(c.String("groups")); err != nil {
+			return fs.User{}, err
+		}
+	} else if ids, err := pw.GroupIds(); err == nil {
+		for _, g := range ids {
+			if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+				groups = append(groups, uint32(n))
+			}
+		}
+	}
+	return fs.LookupUser(uint32(uid), uint32(gid), groups)
+}
