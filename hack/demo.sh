@@ -28,7 +28,7 @@ PLUGSTACK_LINE="required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_microvm.so la
 # shellcheck disable=SC1091
 . "$STATE/env"
 
-run() { echo; echo "\$ $*"; "$@"; }
+run() { echo; printf '$'; printf ' %q' "$@"; echo; "$@"; }
 echo "== host: $(uname -r), $(. /etc/os-release; echo "$PRETTY_NAME")"
 run srun --microvm="$IMG" cat /etc/os-release
 run srun --microvm="$IMG" uname -r
@@ -37,4 +37,4 @@ echo "host boot_id $(cat /proc/sys/kernel/random/boot_id)"
 echo
 echo "The cluster is up. Try it:"
 echo "  . $STATE/env; srun --microvm=$IMG sh -c 'uname -a; id'"
-echo "Stop it with: bash test/cluster/down.sh $STATE"
+echo "Stop it with: bash $REPO/test/cluster/down.sh $STATE"

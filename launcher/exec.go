@@ -7,9 +7,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -205,21 +207,36 @@ func makeRaw(f *os.File) (func(), error) {
 }
 
 // ExitLike ends the calling process the way the guest process ended: with
-// its exit code, or killed by the same signal (so Slurm records 0:S). It
-// returns only if the signal did not end the process.
+// its exit code, or killed by the same signal (so Slurm records 0:S and srun
+// prints "Segmentation fault" or "Terminated"). It returns only if that
+// signal cannot end a process (default action ignore or stop); the caller
+// then exits 128+S.
+//
+// The Go runtime keeps handlers for every signal (it turns SIGSEGV into a
+// crash dump and swallows SIGUSR1), and signal.Reset does not give the
+// kernel's default back. So the disposition is reset with a raw
+// rt_sigaction, the signal unblocked in this thread and sent to this
+// thread only.
 func ExitLike(st driver.ExitStatus) {
 	if st.Signal == 0 {
 		os.Exit(st.Code)
 	}
+	sig := st.Signal
 	// No core file of the relay for a workload that dumped core.
 	_ = unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{})
-	signal.Reset(st.Signal)
+	signal.Reset(sig)
+	runtime.LockOSThread()
+	var sa struct {
+		handler  uintptr // SIG_DFL
+		flags    uint64
+		restorer uintptr
+		mask     uint64
+	}
+	_, _, _ = unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafe.Pointer(&sa)), 0, 8, 0, 0)
 	var set unix.Sigset_t
-	// Unblock it in this thread (the runtime may have it blocked).
-	set.Val[(int(st.Signal)-1)/64] |= 1 << ((uint(st.Signal) - 1) % 64)
+	set.Val[(int(sig)-1)/64] |= 1 << ((uint(sig) - 1) % 64)
 	_ = unix.PthreadSigmask(unix.SIG_UNBLOCK, &set, nil)
-	_ = unix.Kill(os.Getpid(), st.Signal)
-	time.Sleep(500 * time.Millisecond)
-	// Signals whose default is to ignore or stop end here.
-	os.Exit(128 + int(st.Signal))
+	_ = unix.Tgkill(os.Getpid(), unix.Gettid(), sig)
+	time.Sleep(200 * time.Millisecond)
+	os.Exit(128 + int(sig))
 }

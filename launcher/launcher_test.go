@@ -147,3 +147,12 @@ func write(t *testing.T, dir, name, content string) {
 		t.Fatal(err)
 	}
 }
+
+func TestOverlayMiB(t *testing.T) {
+	r := config.Defaults().Resources // overlay 1024
+	for _, tt := range []struct{ guest, want uint64 }{{4096, 1024}, {1024, 512}, {96, 48}, {1, 1}} {
+		if got := OverlayMiB(tt.guest, r); got != tt.want {
+			t.Errorf("OverlayMiB(%d) = %d, want %d", tt.guest, got, tt.want)
+		}
+	}
+}

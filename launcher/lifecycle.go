@@ -93,6 +93,11 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 	if err != nil {
 		return fail(d, err)
 	}
+	// The control socket exists, the user's, before "ready" does.
+	if err := sb.Listen(); err != nil {
+		_ = sb.Stop(context.Background())
+		return fail(d, err)
+	}
 	if err := state.WriteFileAtomic(d.File(state.ReadyFile), nil, 0o644); err != nil {
 		_ = sb.Stop(context.Background())
 		return fail(d, fmt.Errorf("mark sandbox ready: %w", err))
@@ -143,7 +148,10 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	cpus := cgroup.CPUs(os.Getpid())
+	cpus := s.CPUs
+	if cpus == 0 {
+		cpus = cgroup.CPUs(os.Getpid())
+	}
 	if n, err := cgroup.CountList(s.Cores); cpus == 0 && err == nil && n > 0 {
 		cpus = n
 	}
@@ -163,7 +171,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	log.Info("booting", "driver", drv.Name(), "accel", accel, "vcpus", cpus, "memory_mib", memMiB, "kernel", a.KernelVersion)
 	return drv.Start(ctx, driver.SandboxConfig{
 		ID: s.ID.String(), StateDir: d.Path(),
-		CPUs: cpus, MemoryMiB: memMiB, OverlayMiB: c.Resources.OverlayMiB,
+		CPUs: cpus, MemoryMiB: memMiB, OverlayMiB: OverlayMiB(memMiB, c.Resources),
 		RootDisk: img.Disk, ImageEnv: img.Config.Env, ImageWorkdir: img.Config.WorkingDir,
 		User: s.User, UID: s.UID, GID: s.GID, Groups: s.Groups,
 		Hostname: s.Hostname, Debug: s.Debug, Logger: log,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
@@ -19,6 +18,7 @@ func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio S
 		return driver.ExitStatus{}, err
 	}
 	d := s.Dir(l.Config)
+	defer os.Remove(d.Root) // only when no other step uses it: nothing left behind
 	defer os.RemoveAll(d.Path())
 	if s.Debug {
 		// Runs before the removal above: show the guest console.
@@ -34,36 +34,16 @@ func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio S
 		return driver.ExitStatus{}, err
 	}
 	defer sb.Stop(context.Background())
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- sb.Serve(sctx) }()
-	if err := waitSocket(ctx, d, serveErr); err != nil {
+	if err := sb.Listen(); err != nil {
 		return driver.ExitStatus{}, err
 	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = sb.Serve(sctx) }()
 	c, err := qemu.Attach(ctx, d.Path())
 	if err != nil {
 		return driver.ExitStatus{}, err
 	}
 	defer c.Close()
 	return ExecIn(ctx, c, driver.ProcessSpec{Argv: argv, Env: TaskEnv(env), Cwd: s.Workdir}, stdio)
-}
-
-func waitSocket(ctx context.Context, d state.Dir, serveErr <-chan error) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(d.File(state.ControlSocket)); err == nil {
-			return nil
-		}
-		select {
-		case err := <-serveErr:
-			return fmt.Errorf("serve control socket: %w", err)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("control socket %s did not appear", d.File(state.ControlSocket))
-		}
-	}
 }

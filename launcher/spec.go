@@ -25,6 +25,9 @@ type Spec struct {
 	MemMiB uint64 `json:"mem_mib"`
 	// GPUs is SLURM_STEP_GPUS: the node's global GPU indices.
 	GPUs string `json:"gpus,omitempty"`
+	// CPUs, when set, is the vCPU count (`run --cpus`); else the step's
+	// cpuset decides, then Cores.
+	CPUs int `json:"cpus,omitempty"`
 	// LocalTasks is S_JOB_LOCAL_TASK_COUNT.
 	LocalTasks int    `json:"local_tasks"`
 	Hostname   string `json:"hostname"`
@@ -68,11 +71,26 @@ func ReadSpec(dir string) (*Spec, error) {
 // remain, naming the --mem that would fit.
 func GuestMemoryMiB(stepMiB uint64, r config.Resources) (uint64, error) {
 	if stepMiB == 0 {
-		return r.DefaultMemoryMiB, nil
+		return uint64(r.DefaultMemoryMiB), nil
 	}
-	if stepMiB < r.MinMemoryMiB+r.VMMOverheadMiB {
+	minStep := uint64(r.MinMemoryMiB + r.VMMOverheadMiB)
+	if stepMiB < minStep {
 		return 0, fmt.Errorf("step memory %d MiB leaves less than %d MiB for the guest after the VMM's %d MiB; ask for --mem=%dM or more",
-			stepMiB, r.MinMemoryMiB, r.VMMOverheadMiB, r.MinMemoryMiB+r.VMMOverheadMiB)
+			stepMiB, r.MinMemoryMiB, r.VMMOverheadMiB, minStep)
 	}
-	return stepMiB - r.VMMOverheadMiB, nil
+	return stepMiB - uint64(r.VMMOverheadMiB), nil
+}
+
+// OverlayMiB sizes the guest's writable tmpfs layer: the configured size,
+// but at most half the guest's memory (tmpfs's own default), so that a
+// full layer is "No space left on device", not an out-of-memory kill.
+func OverlayMiB(guestMiB uint64, r config.Resources) uint64 {
+	o := uint64(r.OverlayMiB)
+	if half := guestMiB / 2; o > half {
+		o = half
+	}
+	if o < 1 {
+		o = 1
+	}
+	return o
 }

@@ -94,7 +94,7 @@ func prepareCommand() *cli.Command {
 			&cli.StringFlag{Name: "mounts"}, &cli.StringFlag{Name: "workdir"}, &cli.StringFlag{Name: "mpi"},
 		),
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c, false)
+			cfg, err := loadConfig(c, true)
 			if err != nil {
 				return err
 			}
@@ -152,7 +152,7 @@ func startCommand() *cli.Command {
 		Usage: "boot and supervise a prepared step's sandbox (run detached by the SPANK plugin)",
 		Flags: stepFlags,
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c, false)
+			cfg, err := loadConfig(c, true)
 			if err != nil {
 				return err
 			}
@@ -314,7 +314,7 @@ func runCommand() *cli.Command {
 			s := &launcher.Spec{
 				ID:  state.StepID{Job: 0, Step: uint32(os.Getpid()), Restart: uint32(time.Now().Unix() & 0xffff)},
 				UID: uid, GID: gid, Groups: gids, User: name, Image: c.String("image"),
-				Cores: fmt.Sprintf("0-%d", c.Int("cpus")-1), MemMiB: c.Uint64("mem"), LocalTasks: 1,
+				CPUs: c.Int("cpus"), MemMiB: c.Uint64("mem"), LocalTasks: 1,
 				Hostname: host, Debug: c.Bool("debug"), Workdir: c.String("workdir"),
 			}
 			if c.Int("cpus") < 1 {
@@ -358,10 +358,17 @@ func configCommand() *cli.Command {
 		Usage: "node configuration",
 		Subcommands: []*cli.Command{{
 			Name:  "check",
-			Usage: "validate microvm.toml: unknown keys and bad values are errors naming the key and line",
+			Usage: "validate microvm.toml and what it names on this node: unknown keys and bad values are errors naming the key and line",
 			Action: func(c *cli.Context) error {
-				cfg, err := config.Load(c.String("config"), false)
+				path := c.String("config")
+				if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+					fmt.Printf("%s: no such file: the defaults apply (etc/microvm.toml lists them)\n", path)
+				}
+				cfg, err := config.Load(path, true)
 				if err != nil {
+					return cli.Exit(err.Error(), 1)
+				}
+				if err := cfg.CheckHost(path); err != nil {
 					return cli.Exit(err.Error(), 1)
 				}
 				fmt.Printf("%s: ok (driver %s, runtime %s, cache %s)\n", c.String("config"), cfg.Driver, cfg.RuntimeDir, cfg.CacheDir)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 )
 
@@ -19,7 +21,7 @@ import (
 // cached image disks (package launcher/image), plus the hidden helper the
 // launcher re-executes as the job's user to read user-named paths.
 func imageCommand() *cli.Command {
-	cacheFlag := &cli.StringFlag{Name: "cache-root", Value: image.DefaultCacheRoot, Usage: "image cache directory (one subdirectory per uid)"}
+	cacheFlag := &cli.StringFlag{Name: "cache-root", Usage: "image cache directory, one subdirectory per uid (default: <cache_dir>/images of the config, the one jobs use)"}
 	uidFlag := &cli.Uint64Flag{Name: "uid", Usage: "the job user's uid (default: the caller's)"}
 	return &cli.Command{
 		Name:  "image",
@@ -85,7 +87,7 @@ func imageCommand() *cli.Command {
 					if c.IsSet("uid") {
 						uid = uint32(c.Uint64("uid"))
 					}
-					entries, err := image.List(c.String("cache-root"), uid, all)
+					entries, err := image.List(imageCacheRoot(c), uid, all)
 					if err != nil {
 						return cli.Exit(err.Error(), 1)
 					}
@@ -114,7 +116,7 @@ func imageCommand() *cli.Command {
 						uid = uint32(c.Uint64("uid"))
 					}
 					for _, what := range c.Args().Slice() {
-						removed, err := image.Remove(c.Context, c.String("cache-root"), uid, what)
+						removed, err := image.Remove(c.Context, imageCacheRoot(c), uid, what)
 						for _, e := range removed {
 							fmt.Fprintf(c.App.Writer, "removed %s %s\n", e.Digest, e.Ref)
 						}
@@ -154,7 +156,7 @@ func imageOptions(c *cli.Context) (image.Options, error) {
 	o := image.Options{
 		UID:         uint32(os.Getuid()),
 		GID:         uint32(os.Getgid()),
-		CacheRoot:   c.String("cache-root"),
+		CacheRoot:   imageCacheRoot(c),
 		Insecure:    c.Bool("insecure"),
 		Compression: c.String("compression"),
 		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
@@ -207,4 +209,20 @@ func imageHumanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// imageCacheRoot is --cache-root, or the image cache of the node's config
+// (<cache_dir>/images, where jobs keep their images), personalized for a
+// non-root caller as `run` does.
+func imageCacheRoot(c *cli.Context) string {
+	if v := c.String("cache-root"); v != "" {
+		return v
+	}
+	cfg, err := config.Load(c.String("config"), true)
+	if err != nil {
+		d := config.Defaults()
+		cfg = &d
+	}
+	personalize(cfg)
+	return filepath.Join(cfg.CacheDir, "images")
 }

@@ -48,6 +48,7 @@ func main() {
 			imageCommand(),
 			assetsCommand(),
 			mpiCommand(),
+			gpusCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
 	}

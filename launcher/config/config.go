@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"time"
 
@@ -55,14 +56,14 @@ type QEMU struct {
 type Resources struct {
 	// VMMOverheadMiB is subtracted from the step's memory allocation
 	// (S_STEP_ALLOC_MEM) to size the guest: the VMM counts against --mem.
-	VMMOverheadMiB uint64 `toml:"vmm_overhead_mib"`
+	VMMOverheadMiB MiB `toml:"vmm_overhead_mib"`
 	// DefaultMemoryMiB is the guest memory when the step has no limit.
-	DefaultMemoryMiB uint64 `toml:"default_memory_mib"`
+	DefaultMemoryMiB MiB `toml:"default_memory_mib"`
 	// MinMemoryMiB is the smallest guest that may boot.
-	MinMemoryMiB uint64 `toml:"min_memory_mib"`
+	MinMemoryMiB MiB `toml:"min_memory_mib"`
 	// OverlayMiB is the size of the writable tmpfs layer over the image,
 	// taken from guest memory when written.
-	OverlayMiB uint64 `toml:"overlay_mib"`
+	OverlayMiB MiB `toml:"overlay_mib"`
 }
 
 // Timeouts bound every wait. Values are Go durations ("90s", "2m").
@@ -75,6 +76,23 @@ type Timeouts struct {
 	// StopGrace is how long a graceful guest poweroff may take before the
 	// VMM is killed.
 	StopGrace Duration `toml:"stop_grace"`
+}
+
+// MiB is a size in mebibytes, a non-negative integer in TOML.
+type MiB uint64
+
+// UnmarshalTOML refuses negative and non-integer values (a plain uint64
+// would wrap -5 around to 2^64-5).
+func (m *MiB) UnmarshalTOML(v any) error {
+	n, ok := v.(int64)
+	if !ok {
+		return fmt.Errorf("%v is not a whole number of MiB", v)
+	}
+	if n < 0 {
+		return fmt.Errorf("%d is negative: sizes are MiB >= 0", n)
+	}
+	*m = MiB(n)
+	return nil
 }
 
 // Duration is a time.Duration written as a string in TOML.
@@ -163,7 +181,7 @@ func Parse(path string, data []byte) (*Config, error) {
 	if err != nil {
 		var pe toml.ParseError
 		if errors.As(err, &pe) {
-			return nil, &Error{Path: path, Line: pe.Position.Line, Msg: pe.Message}
+			return nil, &Error{Path: path, Line: pe.Position.Line, Key: pe.LastKey, Msg: pe.Message}
 		}
 		return nil, &Error{Path: path, Msg: err.Error()}
 	}
@@ -255,4 +273,23 @@ func lineOf(data []byte, key toml.Key) int {
 		}
 	}
 	return 0
+}
+
+// CheckHost checks what the file names on this node: the QEMU binary, the
+// guest agent and the kernel image exist. `config check` runs it; parsing
+// alone does not, so that login nodes can read the file.
+func (c *Config) CheckHost(path string) error {
+	var errs []error
+	if _, err := exec.LookPath(c.QEMU.Binary); err != nil {
+		errs = append(errs, &Error{Path: path, Key: "qemu.binary", Msg: fmt.Sprintf("%q is not an executable on this node (install qemu-system-x86)", c.QEMU.Binary)})
+	}
+	if fi, err := os.Stat(c.QEMU.Agent); err != nil || !fi.Mode().IsRegular() {
+		errs = append(errs, &Error{Path: path, Key: "qemu.agent", Msg: fmt.Sprintf("%q is not a file on this node (make install puts it there)", c.QEMU.Agent)})
+	}
+	if c.QEMU.Kernel != "" {
+		if _, err := os.Stat(c.QEMU.Kernel); err != nil {
+			errs = append(errs, &Error{Path: path, Key: "qemu.kernel", Msg: fmt.Sprintf("%q: %v", c.QEMU.Kernel, err)})
+		}
+	}
+	return errors.Join(errs...)
 }

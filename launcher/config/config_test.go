@@ -81,3 +81,10 @@ func TestExampleConfig(t *testing.T) {
 		t.Fatalf("etc/microvm.toml differs from the defaults it documents:\n%+v\n%+v", c, d)
 	}
 }
+
+func TestNegativeSize(t *testing.T) {
+	_, err := Parse("microvm.toml", []byte("[resources]\nmin_memory_mib = -5\n"))
+	if err == nil || !strings.Contains(err.Error(), "microvm.toml:2") || !strings.Contains(err.Error(), "min_memory_mib") || !strings.Contains(err.Error(), "-5 is negative") {
+		t.Fatalf("err = %v, want the line, the key and the rule", err)
+	}
+}

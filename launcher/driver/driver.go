@@ -59,8 +59,11 @@ type SandboxConfig struct {
 
 // Sandbox is a running sandbox, held by the supervisor.
 type Sandbox interface {
-	// Serve accepts exec clients on the state directory's control
-	// endpoint until ctx ends or the sandbox stops.
+	// Listen creates the state directory's control endpoint, usable only
+	// by the job's uid, before it returns: mark the sandbox ready after.
+	Listen() error
+	// Serve accepts exec clients on that endpoint until ctx ends or the
+	// sandbox stops.
 	Serve(ctx context.Context) error
 	// Done is closed when the sandbox (its VMM) has exited.
 	Done() <-chan struct{}

@@ -1,7 +1,6 @@
 package gpu_test
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -320,7 +319,7 @@ func noProcesses(dev *server.Device) {
 	dev.GetMPSComputeRunningProcessesFunc = none
 }
 
-// errorsAs is errors.As for a *gpu.DeviceError.
+// deviceErrors collects the *gpu.DeviceError values in err's tree.
 func deviceErrors(err error) []*gpu.DeviceError {
 	var out []*gpu.DeviceError
 	var walk func(error)
@@ -341,5 +340,3 @@ func deviceErrors(err error) []*gpu.DeviceError {
 	walk(err)
 	return out
 }
-
-var _ = errors.New

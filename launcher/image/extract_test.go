@@ -209,6 +209,7 @@ func TestPrepareHostileLayers(t *testing.T) {
 func TestTreeDigest(t *testing.T) {
 	root := t.TempDir()
 	os.MkdirAll(filepath.Join(root, "a/b"), 0o755)
+	os.Mkdir(filepath.Join(root, "usr"), 0o755)
 	os.WriteFile(filepath.Join(root, "a/f"), []byte("hello"), 0o644)
 	os.Symlink("f", filepath.Join(root, "a/l"))
 	os.Link(filepath.Join(root, "a/f"), filepath.Join(root, "a/hard"))

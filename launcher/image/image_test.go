@@ -458,6 +458,7 @@ func TestPrepareErrors(t *testing.T) {
 	// A root filesystem with a file the user cannot read.
 	unreadableTree := filepath.Join(dir, "rootfs-unreadable")
 	os.MkdirAll(filepath.Join(unreadableTree, "etc"), 0o755)
+	os.MkdirAll(filepath.Join(unreadableTree, "usr"), 0o755)
 	os.WriteFile(filepath.Join(unreadableTree, "etc/shadow"), []byte("x"), 0o600)
 	emptyDir := filepath.Join(dir, "empty")
 	os.Mkdir(emptyDir, 0o755)
@@ -566,6 +567,26 @@ func TestLocalFileHint(t *testing.T) {
 	err = Check(context.Background(), "image.sqsh:bad:tag", o)
 	if !errors.Is(err, ErrInvalidRef) || !strings.Contains(err.Error(), "write ./image.sqsh:bad:tag") {
 		t.Errorf("Check = %v; want ErrInvalidRef with a ./ hint", err)
+	}
+	// A bare name that is a local file is refused before any registry
+	// is asked, reachable or not.
+	err = Check(context.Background(), "image.sqsh", o)
+	if !errors.Is(err, ErrInvalidRef) || !strings.Contains(err.Error(), "write ./image.sqsh") {
+		t.Errorf("Check(bare local name) = %v; want ErrInvalidRef with a ./ hint", err)
+	}
+	for _, ref := range []string{"oci-archive:/tmp/x.tar", "docker-archive:x.tar", "dir:/srv/rootfs"} {
+		err = Check(context.Background(), ref, o)
+		if !errors.Is(err, ErrInvalidRef) || !strings.Contains(err.Error(), "transport prefix") {
+			t.Errorf("Check(%q) = %v; want ErrInvalidRef naming the transport prefix", ref, err)
+		}
+	}
+	// A directory that is no root filesystem (say /etc) is refused.
+	if err := os.MkdirAll("notroot/conf.d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err = Check(context.Background(), "./notroot", o)
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "not a root filesystem") {
+		t.Errorf("Check(./notroot) = %v; want ErrUnsupported", err)
 	}
 }
 

@@ -104,7 +104,17 @@ func Check(ctx context.Context, ref string, o Options) error {
 		return err
 	}
 	if !isLocal(ref) {
-		return withRef(ref, localFileHint(ref, checkRegistry(ctx, ref, o), o))
+		// On the submit side (running as the user, in the user's
+		// directory) a bare name that is also a file there is almost
+		// surely meant as that file: refuse before the job is queued,
+		// even when the registry cannot be reached from here.
+		if os.Geteuid() == int(o.UID) {
+			if _, serr := os.Lstat(ref); serr == nil {
+				return newErr(ref, ErrInvalidRef, "this is read as a registry reference, but a file or directory of that name is here",
+					fmt.Sprintf("to use the local image, write ./%s (a local image path is absolute or starts with ./ or ../)", ref), nil)
+			}
+		}
+		return withRef(ref, checkRegistry(ctx, ref, o))
 	}
 	p, err := localPath(ref)
 	if err != nil {
@@ -141,21 +151,6 @@ func Prepare(ctx context.Context, ref string, o Options) (*Image, error) {
 	return img, nil
 }
 
-// localFileHint adds "did you mean ./REF" to a registry error when REF
-// names an existing file in the current directory. Only when the caller is
-// the user (srun side): as root it would reveal files the user cannot see.
-func localFileHint(ref string, err error, o Options) error {
-	var e *Error
-	if err == nil || os.Geteuid() != int(o.UID) || !errors.As(err, &e) {
-		return err
-	}
-	if _, serr := os.Stat(ref); serr != nil {
-		return err
-	}
-	c := *e
-	c.Hint = fmt.Sprintf("%q was taken as a registry reference; to use the local file, write ./%s", ref, ref)
-	return &c
-}
 
 // source is what a converter needs: it fills work/rootfs and returns the
 // config. It runs with the digest's lock held.

@@ -76,6 +76,9 @@ func probeDir(p string, digest bool) (probeResult, error) {
 		}
 		return probeResult{Kind: KindOCILayout, Digest: info.digest.String()}, nil
 	}
+	if !looksLikeRoot(names) {
+		return probeResult{}, newErr("", ErrUnsupported, "the directory is not a root filesystem (it has neither usr nor bin)", hintLocal, nil)
+	}
 	th := newTreeHasher()
 	err = walkTree(p, func(rel string, full string, fi fs.FileInfo, st *syscall.Stat_t) error {
 		e, ok := treeEntryFromStat(rel, full, fi, st)
@@ -211,4 +214,15 @@ func fileType(m fs.FileMode) string {
 		return "block device"
 	}
 	return "special file"
+}
+
+// looksLikeRoot reports whether a directory's entries look like a root
+// filesystem: every distribution and distroless image has usr or bin.
+func looksLikeRoot(names []string) bool {
+	for _, n := range names {
+		if n == "usr" || n == "bin" {
+			return true
+		}
+	}
+	return false
 }

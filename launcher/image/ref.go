@@ -48,6 +48,12 @@ func localPath(ref string) (string, error) {
 // for registries on a loopback address.
 func parseRegistryRef(ref string, insecure bool) (name.Reference, error) {
 	s := strings.TrimPrefix(ref, "docker://")
+	for _, t := range transportPrefixes {
+		if strings.HasPrefix(s, t) {
+			return nil, newErr(ref, ErrInvalidRef, fmt.Sprintf("%q is a skopeo/podman transport prefix, not used here", t),
+				"give a local image as its path (absolute or starting with ./ or ../), a registry image as host/repo:tag or docker://host/repo:tag", nil)
+		}
+	}
 	if strings.Contains(s, "://") {
 		return nil, newErr(ref, ErrInvalidRef, "unknown scheme", hintRef, nil)
 	}
@@ -70,6 +76,11 @@ func parseRegistryRef(ref string, insecure bool) (name.Reference, error) {
 	}
 	return r, nil
 }
+
+// transportPrefixes are the image transports of containers/image (skopeo,
+// podman) that users may carry over; they are refused with a hint rather
+// than read as a registry host.
+var transportPrefixes = []string{"oci-archive:", "docker-archive:", "oci:", "dir:", "docker-daemon:", "containers-storage:", "sif:", "tarball:"}
 
 // loopbackRegistry reports whether the registry part of s (before the first
 // "/") is localhost or a loopback IP address, with an optional port.

@@ -68,6 +68,9 @@ func TestBootExecStop(t *testing.T) {
 	})
 	sctx, scancel := context.WithCancel(ctx)
 	defer scancel()
+	if err := sb.Listen(); err != nil {
+		t.Fatal(err)
+	}
 	go func() { _ = sb.Serve(sctx) }()
 	sock := filepath.Join(stateDir, "control.sock")
 	for i := 0; i < 200; i++ {

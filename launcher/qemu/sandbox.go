@@ -60,6 +60,7 @@ type sandbox struct {
 	sess    *transport.Session
 	done    chan struct{}
 	waitErr error
+	l       net.Listener
 
 	stopOnce sync.Once
 	stopErr  error
@@ -279,24 +280,43 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	return s.stopErr
 }
 
-// Serve relays exec clients from the state directory's control socket to
-// agent streams until ctx ends or the VM exits.
-func (s *sandbox) Serve(ctx context.Context) error {
+// Listen creates the control socket under a temporary name, gives it to
+// the job's uid with mode 0600 and renames it into place: the socket a
+// client finds is already the job user's.
+func (s *sandbox) Listen() error {
 	path := filepath.Join(s.cfg.StateDir, state.ControlSocket)
-	_ = os.Remove(path)
-	l, err := net.Listen("unix", path)
+	tmp := path + ".new"
+	_ = os.Remove(tmp)
+	l, err := net.Listen("unix", tmp)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", path, err)
+		return fmt.Errorf("listen on %s: %w", tmp, err)
 	}
-	defer os.Remove(path)
-	if err := os.Chown(path, int(s.cfg.UID), int(s.cfg.GID)); err != nil {
-		l.Close()
-		return fmt.Errorf("chown control socket: %w", err)
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	for _, step := range []func() error{
+		func() error { return os.Chmod(tmp, 0o600) },
+		func() error { return os.Chown(tmp, int(s.cfg.UID), int(s.cfg.GID)) },
+		func() error { return os.Rename(tmp, path) },
+	} {
+		if err := step(); err != nil {
+			l.Close()
+			os.Remove(tmp)
+			return fmt.Errorf("control socket %s: %w", path, err)
+		}
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return fmt.Errorf("chmod control socket: %w", err)
+	s.l = l
+	return nil
+}
+
+// Serve relays exec clients from the control socket (see Listen) to agent
+// streams until ctx ends or the VM exits.
+func (s *sandbox) Serve(ctx context.Context) error {
+	if s.l == nil {
+		if err := s.Listen(); err != nil {
+			return err
+		}
 	}
+	l := s.l
+	defer os.Remove(filepath.Join(s.cfg.StateDir, state.ControlSocket))
 	go func() {
 		select {
 		case <-ctx.Done():
