@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
@@ -151,7 +152,11 @@ func Exec(ctx context.Context, stateDir string, startTimeout time.Duration, argv
 	if err := WaitReady(ctx, stateDir, startTimeout); err != nil {
 		return driver.ExitStatus{}, err
 	}
-	spec, err := withPMI(driver.ProcessSpec{Argv: argv, Env: TaskEnv(env)})
+	env = TaskEnv(env)
+	if s, err := ReadSpec(stateDir); err == nil && s.GPUs != "" {
+		env = guestGPUEnv(env, s.GPUs)
+	}
+	spec, err := withPMI(driver.ProcessSpec{Argv: argv, Env: env})
 	if err != nil {
 		return driver.ExitStatus{}, err
 	}
@@ -161,6 +166,25 @@ func Exec(ctx context.Context, stateDir string, startTimeout time.Duration, argv
 	}
 	defer c.Close()
 	return ExecIn(ctx, c, spec, io)
+}
+
+// guestGPUEnv renumbers CUDA_VISIBLE_DEVICES for the guest, where the
+// step's GPUs are the only ones, in Slurm's order: 0..n-1 (UUIDs are kept).
+func guestGPUEnv(env []string, stepGPUs string) []string {
+	idx, err := gpu.ParseStepGPUs(stepGPUs)
+	if err != nil || len(idx) == 0 {
+		return env
+	}
+	host := ""
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "CUDA_VISIBLE_DEVICES="); ok {
+			host = v
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, "CUDA_VISIBLE_DEVICES="+gpu.GuestCUDAVisibleDevices(host, len(idx)))
 }
 
 // TaskEnv is the environment a task passes into the guest: the task's own

@@ -156,3 +156,21 @@ func TestOverlayMiB(t *testing.T) {
 		}
 	}
 }
+
+func TestGuestGPUEnv(t *testing.T) {
+	tests := []struct {
+		env  []string
+		gpus string
+		want string
+	}{
+		{[]string{"A=1", "CUDA_VISIBLE_DEVICES=4,5"}, "0,1,4,5", "A=1 CUDA_VISIBLE_DEVICES=0,1,2,3"},
+		{[]string{"CUDA_VISIBLE_DEVICES=GPU-1234"}, "2", "CUDA_VISIBLE_DEVICES=GPU-1234"},
+		{[]string{"A=1"}, "3", "A=1 CUDA_VISIBLE_DEVICES=0"},
+		{[]string{"A=1"}, "", "A=1"},
+	}
+	for _, tt := range tests {
+		if got := strings.Join(guestGPUEnv(tt.env, tt.gpus), " "); tt.gpus != "" && got != tt.want {
+			t.Errorf("guestGPUEnv(%v, %q) = %q, want %q", tt.env, tt.gpus, got, tt.want)
+		}
+	}
+}

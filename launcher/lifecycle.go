@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,8 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/cgroup"
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
@@ -123,9 +126,91 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 	}
 }
 
+// gpuPlanFile keeps the step's GPU plan (JSON) so that stop can release
+// the GPUs from a fresh process.
+const gpuPlanFile = "gpus.json"
+
+// planGPUs maps the step's GPUs (SLURM_STEP_GPUS) to VFIO devices, binds
+// them if allowed, and returns the PCI machine arguments; nil without GPUs.
+// It runs before anything boots, so a GPU that cannot be passed fails the
+// step with one line naming the device.
+func (l *Launcher) planGPUs(ctx context.Context, s *Spec, d state.Dir, memMiB uint64, cpus int, log *slog.Logger) ([]string, error) {
+	if s.GPUs == "" {
+		return nil, nil
+	}
+	c := l.Config
+	plan, err := gpu.NewPlan(ctx, gpu.Request{
+		StepGPUs: s.GPUs, GresConf: c.GPU.GresConf, NVML: gpunvml.New(),
+		AllowRebind: c.GPU.AllowRebind, GuestMemoryMiB: memMiB,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+	}
+	b, err := json.Marshal(plan)
+	if err != nil {
+		return nil, err
+	}
+	if err := state.WriteFileAtomic(d.File(gpuPlanFile), b, 0o644); err != nil {
+		return nil, fmt.Errorf("record GPU plan: %w", err)
+	}
+	log.Info("GPU mapping", "mapping", plan.Mapping(), "notes", plan.Notes)
+	if err := plan.Bind(ctx); err != nil {
+		return nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+	}
+	args, err := plan.QEMUArgs(gpu.Memory{MiB: memMiB, PreallocThreads: cpus})
+	if err != nil {
+		return nil, err
+	}
+	// VFIO pins all guest memory; QEMU drops root's exemption with -runas.
+	lim := (memMiB + 1024) << 20
+	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: lim, Max: lim}); err != nil {
+		return nil, fmt.Errorf("raise RLIMIT_MEMLOCK to %d MiB for VFIO: %w", lim>>20, err)
+	}
+	return args, nil
+}
+
+// releaseGPUs gives the step's GPUs back (their drivers as before) once the
+// VMM is gone; an error names the device that is not free.
+func releaseGPUs(ctx context.Context, d state.Dir) error {
+	b, err := os.ReadFile(d.File(gpuPlanFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var plan gpu.Plan
+	if err := json.Unmarshal(b, &plan); err != nil {
+		return fmt.Errorf("read GPU plan: %w", err)
+	}
+	return plan.Release(ctx)
+}
+
 // boot resolves the image and the guest assets and starts the sandbox.
 func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Logger) (driver.Sandbox, error) {
 	c := l.Config
+	memMiB, err := GuestMemoryMiB(s.MemMiB, c.Resources)
+	if err != nil {
+		return nil, err
+	}
+	cpus := s.CPUs
+	if cpus == 0 {
+		cpus = cgroup.CPUs(os.Getpid())
+	}
+	if n, err := cgroup.CountList(s.Cores); cpus == 0 && err == nil && n > 0 {
+		cpus = n
+	}
+	if cpus == 0 {
+		cpus = 1
+	}
+	accel := qemu.ResolveAccel(c.QEMU.Accel)
+	machine, err := l.planGPUs(ctx, s, d, memMiB, cpus, log)
+	if err != nil {
+		return nil, err
+	}
+	if machine != nil && accel != "kvm" {
+		return nil, fmt.Errorf("GPUs %s: VFIO passthrough needs KVM, and QEMU runs under %s on this node (no kvm_intel or kvm_amd loaded)", s.GPUs, accel)
+	}
 	t0 := time.Now()
 	img, err := image.Prepare(ctx, s.Image, image.Options{
 		UID: s.UID, GID: s.GID, Groups: s.Groups,
@@ -144,21 +229,6 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err != nil {
 		return nil, fmt.Errorf("guest assets: %w", err)
 	}
-	memMiB, err := GuestMemoryMiB(s.MemMiB, c.Resources)
-	if err != nil {
-		return nil, err
-	}
-	cpus := s.CPUs
-	if cpus == 0 {
-		cpus = cgroup.CPUs(os.Getpid())
-	}
-	if n, err := cgroup.CountList(s.Cores); cpus == 0 && err == nil && n > 0 {
-		cpus = n
-	}
-	if cpus == 0 {
-		cpus = 1
-	}
-	accel := qemu.ResolveAccel(c.QEMU.Accel)
 	drv := qemu.New(qemu.Options{
 		Binary: c.QEMU.Binary, Accel: accel,
 		Kernel: a.Kernel, Initrd: a.Initrd,
@@ -175,6 +245,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		RootDisk: img.Disk, ImageEnv: img.Config.Env, ImageWorkdir: img.Config.WorkingDir,
 		User: s.User, UID: s.UID, GID: s.GID, Groups: s.Groups,
 		Hostname: s.Hostname, Debug: s.Debug, Logger: log,
+		PCI: machine != nil, MachineArgs: machine,
 	})
 }
 
@@ -203,6 +274,11 @@ func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
 		if !waitGone(ctx, vmm, 5*time.Second) {
 			return fmt.Errorf("stop step %s: VMM pid %d survived SIGKILL", id, vmm.Pid)
 		}
+	}
+	if err := releaseGPUs(ctx, d); err != nil {
+		// Keep the state (and its plan) for the epilog's gc to retry.
+		l.log().Error("GPUs not released", "step", id.String(), "err", err)
+		return fmt.Errorf("stop step %s: %w", id, err)
 	}
 	if err := os.RemoveAll(d.Path()); err != nil {
 		return fmt.Errorf("remove step state %s: %w", d.Path(), err)

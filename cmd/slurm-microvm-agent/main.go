@@ -50,7 +50,7 @@ func main() {
 		// initramfs, off as soon as PID 1 runs.
 		powerOff()
 	}
-	if err := run(context.Background(), log); err != nil {
+	if err := run(context.Background(), log, args["slurm_microvm.modules"] == "all"); err != nil {
 		log.Error("agent failed", "err", err)
 	}
 	powerOff()
@@ -63,11 +63,12 @@ func uptime() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-func run(ctx context.Context, log *slog.Logger) error {
+func run(ctx context.Context, log *slog.Logger, allModules bool) error {
 	t0 := time.Now()
 	log.Info("agent started", "uptime_ms", uptime().Milliseconds())
-	// Only what the agent needs to serve; features load the rest.
-	if _, err := guestmod.Load(ctx, guestmod.Config{BootOnly: true}); err != nil {
+	// Only what the agent needs to serve on -M microvm; features load
+	// the rest. A PCI machine (GPU passthrough) needs virtio-pci too.
+	if _, err := guestmod.Load(ctx, guestmod.Config{BootOnly: !allModules}); err != nil {
 		return fmt.Errorf("load kernel modules: %w", err)
 	}
 	log.Debug("modules loaded", "ms", time.Since(t0).Milliseconds())

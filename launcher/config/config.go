@@ -33,6 +33,18 @@ type Config struct {
 	QEMU      QEMU      `toml:"qemu"`
 	Resources Resources `toml:"resources"`
 	Timeouts  Timeouts  `toml:"timeouts"`
+	GPU       GPU       `toml:"gpu"`
+}
+
+// GPU configures VFIO passthrough of the step's GPUs (launcher/gpu).
+type GPU struct {
+	// GresConf is the node's gres.conf (Slurm gres.conf(5)).
+	GresConf string `toml:"gres_conf"`
+	// AllowRebind lets a step move its GPUs (and their IOMMU group
+	// members) from the nvidia driver to vfio-pci, and back at stop, when
+	// NVML shows no process on them. Off: gres.conf must list
+	// File=/dev/vfio/<group> GPUs already bound to vfio-pci.
+	AllowRebind bool `toml:"allow_rebind"`
 }
 
 // QEMU configures the built-in driver.
@@ -131,6 +143,7 @@ func Defaults() Config {
 			MinMemoryMiB:     128,
 			OverlayMiB:       1024,
 		},
+		GPU: GPU{GresConf: "/etc/slurm/gres.conf"},
 		Timeouts: Timeouts{
 			Boot:      Duration{90 * time.Second},
 			Start:     Duration{15 * time.Minute},
@@ -220,6 +233,9 @@ func (c *Config) validate(path string, data []byte) []error {
 	}
 	if !strings.HasPrefix(c.QEMU.Agent, "/") {
 		bad("qemu.agent", "%q must be an absolute path", c.QEMU.Agent)
+	}
+	if !strings.HasPrefix(c.GPU.GresConf, "/") {
+		bad("gpu.gres_conf", "%q must be an absolute path", c.GPU.GresConf)
 	}
 	if c.QEMU.Kernel != "" && !strings.HasPrefix(c.QEMU.Kernel, "/") {
 		bad("qemu.kernel", "%q must be an absolute path", c.QEMU.Kernel)

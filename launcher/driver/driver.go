@@ -53,6 +53,10 @@ type SandboxConfig struct {
 	Groups []uint32
 	// Hostname of the guest (the node's name).
 	Hostname string
+	// PCI asks for a PCI machine (VFIO passthrough) described by
+	// MachineArgs (launcher/gpu's Plan.QEMUArgs for the QEMU driver).
+	PCI         bool
+	MachineArgs []string
 	Debug    bool
 	Logger   *slog.Logger
 }

@@ -25,6 +25,11 @@ type VMConfig struct {
 	// RunAs is the user name QEMU drops to; "" keeps the caller's.
 	RunAs   string
 	Seccomp bool
+	// PCI selects a q35 machine with virtio-pci devices, for VFIO
+	// passthrough; MachineArgs then carry the -M line, the memory backend
+	// and the devices (launcher/gpu's Plan.QEMUArgs). Else -M microvm.
+	PCI         bool
+	MachineArgs []string
 }
 
 // escape makes s one literal value in a QEMU option string (QEMU splits
@@ -58,9 +63,19 @@ func Args(c VMConfig) ([]string, error) {
 	if c.Accel == "kvm" {
 		cpu, accel = "host", "kvm"
 	}
-	args := []string{
-		"-name", escape(c.Name),
-		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=on",
+	if c.PCI && accel != "kvm" {
+		return nil, fmt.Errorf("qemu: PCI passthrough needs KVM, and this host runs QEMU under %s (no kvm_intel or kvm_amd loaded)", accel)
+	}
+	machine := []string{"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=on"}
+	bus := "device" // virtio-mmio
+	if c.PCI {
+		machine = c.MachineArgs
+		bus = "pci"
+		cpu = "host,host-phys-bits=on"
+	}
+	args := []string{"-name", escape(c.Name)}
+	args = append(args, machine...)
+	args = append(args,
 		"-accel", accel,
 		"-cpu", cpu,
 		"-smp", fmt.Sprint(c.CPUs),
@@ -69,14 +84,14 @@ func Args(c VMConfig) ([]string, error) {
 		"-kernel", c.Kernel,
 		"-initrd", c.Initrd,
 		"-append", strings.Join(c.Cmdline, " "),
-		"-chardev", "file,id=console,path=" + escape(c.ConsoleLog),
+		"-chardev", "file,id=console,path="+escape(c.ConsoleLog),
 		"-serial", "chardev:console",
-		"-drive", "id=root,if=none,format=raw,readonly=on,file=" + escape(c.RootDisk),
-		"-device", "virtio-blk-device,drive=root",
+		"-drive", "id=root,if=none,format=raw,readonly=on,file="+escape(c.RootDisk),
+		"-device", "virtio-blk-"+bus+",drive=root",
 		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d", c.AgentFD),
-		"-device", "virtio-serial-device,max_ports=2",
+		"-device", "virtio-serial-"+bus+",max_ports=2",
 		"-device", "virtserialport,chardev=agent,name=agent",
-	}
+	)
 	if c.RunAs != "" {
 		args = append(args, "-runas", c.RunAs)
 	}

@@ -90,23 +90,29 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		cmdline = append(cmdline, "slurm_microvm.debug=1")
 	}
 	cmdline = append(cmdline, d.o.Cmdline...)
+	if cfg.PCI {
+		// virtio-pci and the rest are not in the agent's boot set.
+		cmdline = append(cmdline, "slurm_microvm.modules=all")
+	}
 	runAs := ""
 	if d.o.RunAs && cfg.UID != 0 && os.Geteuid() == 0 {
 		runAs = cfg.User
 	}
 	vm := VMConfig{
-		Name:       "slurm-microvm-" + cfg.ID,
-		Accel:      d.o.Accel,
-		CPUs:       cfg.CPUs,
-		MemoryMiB:  cfg.MemoryMiB,
-		Kernel:     d.o.Kernel,
-		Initrd:     d.o.Initrd,
-		Cmdline:    cmdline,
-		RootDisk:   cfg.RootDisk,
-		ConsoleLog: filepath.Join(cfg.StateDir, state.ConsoleLog),
-		AgentFD:    3,
-		RunAs:      runAs,
-		Seccomp:    d.o.Seccomp,
+		Name:        "slurm-microvm-" + cfg.ID,
+		Accel:       d.o.Accel,
+		CPUs:        cfg.CPUs,
+		MemoryMiB:   cfg.MemoryMiB,
+		Kernel:      d.o.Kernel,
+		Initrd:      d.o.Initrd,
+		Cmdline:     cmdline,
+		RootDisk:    cfg.RootDisk,
+		ConsoleLog:  filepath.Join(cfg.StateDir, state.ConsoleLog),
+		AgentFD:     3,
+		RunAs:       runAs,
+		Seccomp:     d.o.Seccomp,
+		PCI:         cfg.PCI,
+		MachineArgs: cfg.MachineArgs,
 	}
 	args, err := Args(vm)
 	if err != nil {

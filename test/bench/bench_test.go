@@ -95,6 +95,9 @@ func BenchmarkStepLaunch(b *testing.B) {
 		}
 		boot = append(boot, time.Since(t0))
 		sctx, scancel := context.WithCancel(ctx)
+		if err := sb.Listen(); err != nil {
+			b.Fatal(err)
+		}
 		go func() { _ = sb.Serve(sctx) }()
 		for j := 0; j < 500; j++ {
 			if _, err := os.Stat(filepath.Join(dir, "control.sock")); err == nil {

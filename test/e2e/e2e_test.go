@@ -261,6 +261,35 @@ func TestE2E(t *testing.T) {
 		e.WaitClean(t, job)
 	})
 
+	t.Run("GPU step on a host without VFIO fails cleanly before booting", func(t *testing.T) {
+		out, errOut, code := e.Srun(t, "", "--gres=gpu:2", img, "sh", "-c", "echo SHOULD-NOT-RUN")
+		if code == 0 || strings.Contains(out, "SHOULD-NOT-RUN") {
+			t.Fatalf("exit %d, stdout %q: the step must fail", code, out)
+		}
+		if !strings.Contains(errOut, "/dev/fakegpu") {
+			t.Fatalf("stderr %q: want one line naming the device", errOut)
+		}
+		if strings.Contains(errOut, "qemu") || strings.Contains(errOut, "console") {
+			t.Errorf("stderr %q: no VM may boot", errOut)
+		}
+		t.Logf("srun stderr: %s", errOut)
+		// No job id is printed (the workload never ran): the step's
+		// state must be gone all the same.
+		entries, _ := os.ReadDir(harness.RuntimeDir)
+		deadline := time.Now().Add(15 * time.Second)
+		for len(entries) > 0 && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
+			entries, _ = os.ReadDir(harness.RuntimeDir)
+		}
+		if len(entries) > 0 {
+			t.Errorf("state left behind: %v", entries)
+		}
+		// A step without GPUs on the same node is unaffected.
+		if out, _, code := e.Srun(t, "", img, "echo", "fine"); code != 0 || out != "fine\n" {
+			t.Errorf("plain step after the GPU failure: exit %d, %q", code, out)
+		}
+	})
+
 	t.Run("run without Slurm", func(t *testing.T) {
 		cmd := exec.Command(e.Launcher, "--config", e.Config, "run", "--image", e.Image, "--", "sh", "-c", "cat /etc/os-release; exit 3")
 		out, _ := cmd.Output()

@@ -89,7 +89,9 @@ overlay_mib = 256
 [timeouts]
 boot = "120s"
 stop_grace = "3s"
-`, RuntimeDir, CacheDir, filepath.Join(bin, "slurm-microvm-agent"))
+[gpu]
+gres_conf = %q
+`, RuntimeDir, CacheDir, filepath.Join(bin, "slurm-microvm-agent"), filepath.Join(cluster.DefaultDir, "etc", "gres.conf"))
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +125,9 @@ stop_grace = "3s"
 	e.HostBoot = strings.TrimSpace(string(b))
 
 	plug := fmt.Sprintf("required %s launcher=%s config=%s", filepath.Join(bin, "spank_microvm.so"), e.Launcher, cfg)
-	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second})
+	// Two fake GPUs (character devices 195:N, as Slurm requires) for the
+	// GPU steps; steps without --gres are unaffected.
+	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2})
 	u, err := user.Lookup(cluster.TestUser)
 	if err != nil {
 		t.Fatal(err)
