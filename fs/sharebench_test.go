@@ -24,8 +24,10 @@ import (
 // readonly=on, QEMU dropped to nobody with -runas, the share given as
 // /proc/self/fd/N of a descriptor opened beforehand) and virtio-fs (QEMU
 // 7.2's C virtiofsd as root on a read-only bind in a private mount
-// namespace). Each guest also tries to write, and to remount read-write
-// and write again, to show where read-only is enforced.
+// namespace, every submount remounted read-only too). Each guest also
+// tries to write to the share and to a tmpfs mounted inside the source on
+// the host, to remount read-write and write again: every write must fail
+// with EROFS and the host tree must not change.
 //
 // It boots several VMs (minutes under TCG), so it runs only with
 // SMV_SHARE_BENCH=1. SMV_SHARE_BENCH_MIB sets the big file's size (512),
@@ -69,19 +71,36 @@ func TestShareBench(t *testing.T) {
 	if err := sharebench.Create(data, mib); err != nil {
 		t.Fatal(err)
 	}
+	// A submount inside the source: read-only must hold below it too.
+	sub := filepath.Join(data, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("smv-bench-sub", sub, "tmpfs", 0, "size=1m,mode=0777"); err != nil {
+		t.Fatalf("mount a tmpfs inside the share: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(sub, unix.MNT_DETACH) })
 
-	// Host, same files, same code, twice (the second pass is what the
-	// guest's first pass reads through: the host page cache).
-	var host [2]passes
-	for i := range host {
-		if host[i].big, err = sharebench.ReadBig(data); err != nil {
+	// Host, same files, same code: best of three passes (the machine is
+	// shared; the best pass is the least disturbed), all from the host page
+	// cache, which is also what the guest's first pass reads through.
+	var hb, ht sharebench.Result
+	for i := 0; i < 3; i++ {
+		b, err := sharebench.ReadBig(data)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if host[i].tree, err = sharebench.WalkTree(data); err != nil {
+		tr, err := sharebench.WalkTree(data)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if i == 0 || b.Took < hb.Took {
+			hb = b
+		}
+		if i == 0 || tr.Took < ht.Took {
+			ht = tr
 		}
 	}
-	hb, ht := host[1].big, host[1].tree
 	t.Logf("host: read %d MiB %.0f MB/s; tree %d files %.0f files/s (%.1f MB/s)",
 		mib, hb.MBps(), ht.Files, ht.FilesPerSec(), ht.MBps())
 
@@ -108,7 +127,7 @@ func TestShareBench(t *testing.T) {
 	var report strings.Builder
 	fmt.Fprintf(&report, "host: %d MiB read %.0f MB/s, %d files %.0f files/s\n", mib, hb.MBps(), ht.Files, ht.FilesPerSec())
 	fmt.Fprintf(&report, "%-27s %9s %7s %9s %7s %10s %7s %10s %6s | %-8s %-8s %s\n",
-		"variant", "read MB/s", "ratio", "warm MB/s", "ratio", "files/s", "ratio", "warm f/s", "ratio", "write", "remount", "write-after-remount")
+		"variant", "read MB/s", "ratio", "warm MB/s", "ratio", "files/s", "ratio", "warm f/s", "ratio", "write", "remount", "write after remount (share, submount)")
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			res, console := runShareGuest(t, qemu, a, data, tmp, v)
@@ -117,17 +136,21 @@ func TestShareBench(t *testing.T) {
 			}
 			big1, big2 := parseBig(t, res["big1"]), parseBig(t, res["big2"])
 			tree1, tree2 := parseTree(t, res["tree1"]), parseTree(t, res["tree2"])
-			if res["write"] == "ok" || res["write_after_remount"] == "ok" {
-				t.Errorf("%s: guest wrote to a read-only share (write %s, after remount %s)", v.name, res["write"], res["write_after_remount"])
+			for _, k := range []string{"write", "write_after_remount", "write_sub", "write_sub_after_remount", "chmod"} {
+				if res[k] != "EROFS" {
+					t.Errorf("%s: guest %s: %q, want EROFS", v.name, k, res[k])
+				}
 			}
-			if _, err := os.Lstat(filepath.Join(data, "smv-write-test")); err == nil {
-				t.Errorf("%s: the host tree changed", v.name)
-				os.Remove(filepath.Join(data, "smv-write-test"))
+			for _, p := range []string{"smv-write-test", "sub/smv-write-test"} {
+				if _, err := os.Lstat(filepath.Join(data, p)); err == nil {
+					t.Errorf("%s: the host tree changed: %s", v.name, p)
+					os.Remove(filepath.Join(data, p))
+				}
 			}
-			line := fmt.Sprintf("%-27s %9.0f %7.3f %9.0f %7.3f %10.0f %7.3f %10.0f %6.3f | %-8s %-8s %s",
+			line := fmt.Sprintf("%-27s %9.0f %7.3f %9.0f %7.3f %10.0f %7.3f %10.0f %6.3f | %-8s %-8s %s, %s",
 				v.name, big1.MBps(), big1.MBps()/hb.MBps(), big2.MBps(), big2.MBps()/hb.MBps(),
 				tree1.FilesPerSec(), tree1.FilesPerSec()/ht.FilesPerSec(), tree2.FilesPerSec(), tree2.FilesPerSec()/ht.FilesPerSec(),
-				res["write"], res["remount_rw"], res["write_after_remount"])
+				res["write"], res["remount_rw"], res["write_after_remount"], res["write_sub_after_remount"])
 			t.Log(line)
 			fmt.Fprintln(&report, line)
 		})
@@ -135,8 +158,6 @@ func TestShareBench(t *testing.T) {
 	t.Logf("share benchmark (guest/host ratios; host warm page cache):\n%s", report.String())
 	fmt.Print(report.String())
 }
-
-type passes struct{ big, tree sharebench.Result }
 
 type shareVariant struct {
 	name  string
@@ -187,7 +208,8 @@ func runShareGuest(t *testing.T, qemu string, a *assets.Assets, data, tmp string
 		}
 		// Read-only from the host side: a read-only bind of the source in a
 		// private mount namespace, which virtiofsd's own sandbox inherits.
-		script := `set -e; mount --bind "$1" "$1"; mount -o remount,bind,ro "$1"; shift; exec /usr/lib/qemu/virtiofsd "$@"`
+		// Recursively: every submount gets its own read-only remount.
+		script := `set -e; mount --rbind "$1" "$1"; findmnt -R -n -r -o TARGET "$1" | while read -r m; do mount -o remount,bind,ro "$m"; done; shift; exec /usr/lib/qemu/virtiofsd "$@"`
 		d := exec.CommandContext(ctx, "unshare", append([]string{"-m", "--propagation", "private", "sh", "-c", script, "sh", data}, vargs...)...)
 		d.Cancel = func() error { return d.Process.Kill() }
 		var dlog strings.Builder

@@ -57,8 +57,8 @@ type SandboxConfig struct {
 	// MachineArgs (launcher/gpu's Plan.QEMUArgs for the QEMU driver).
 	PCI         bool
 	MachineArgs []string
-	Debug    bool
-	Logger   *slog.Logger
+	Debug       bool
+	Logger      *slog.Logger
 }
 
 // Sandbox is a running sandbox, held by the supervisor.

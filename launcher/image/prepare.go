@@ -151,7 +151,6 @@ func Prepare(ctx context.Context, ref string, o Options) (*Image, error) {
 	return img, nil
 }
 
-
 // source is what a converter needs: it fills work/rootfs and returns the
 // config. It runs with the digest's lock held.
 type source func(ctx context.Context, work, rootfs string) (Config, error)

@@ -2,7 +2,8 @@
 // the initramfs' modules, mounts the host share named on the kernel command
 // line (smv_fs=9p|virtiofs, smv_tag=TAG, smv_opts=mount options), runs the
 // sharebench workloads twice (cold, then warm guest cache), tries to write
-// to the share (read-only enforcement, also after a remount rw), prints
+// to the share and to a submount of its source (read-only enforcement,
+// also after a remount rw), prints
 // "SMV-BENCH key value" lines on the console and powers the VM off.
 package main
 
@@ -57,11 +58,13 @@ func main() {
 		}
 		say(fmt.Sprintf("tree%d", pass), fmt.Sprintf("%d %d %d", r.Files, r.Bytes, r.Took.Nanoseconds()))
 	}
-	say("write", writeErr())
+	say("write", writeErr(""))
+	say("write_sub", writeErr("sub/"))
 	// A guest root that remounts the share read-write must still not write.
 	err := unix.Mount("", mnt, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, opts)
 	say("remount_rw", errString(err))
-	say("write_after_remount", writeErr())
+	say("write_after_remount", writeErr(""))
+	say("write_sub_after_remount", writeErr("sub/"))
 	if err := unix.Chmod(mnt+"/"+sharebench.BigFile, 0o777); err != nil {
 		say("chmod", errString(err))
 	} else {
@@ -70,8 +73,10 @@ func main() {
 	say("done", 1)
 }
 
-func writeErr() string {
-	f, err := os.OpenFile(mnt+"/smv-write-test", os.O_CREATE|os.O_WRONLY, 0o644)
+// writeErr tries to create a file in dir of the share ("" or "sub/", a
+// submount of the source on the host).
+func writeErr(dir string) string {
+	f, err := os.OpenFile(mnt+"/"+dir+"smv-write-test", os.O_CREATE|os.O_WRONLY, 0o644)
 	if err == nil {
 		f.Close()
 		return "ok"
