@@ -290,6 +290,8 @@ func TestE2E(t *testing.T) {
 		}
 	})
 
+	t.Run("MPI", func(t *testing.T) { mpiTests(t, e) })
+
 	t.Run("run without Slurm", func(t *testing.T) {
 		cmd := exec.Command(e.Launcher, "--config", e.Config, "run", "--image", e.Image, "--", "sh", "-c", "cat /etc/os-release; exit 3")
 		out, _ := cmd.Output()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -98,6 +99,11 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 		if err := unix.Sethostname([]byte(req.Hostname)); err != nil {
 			return "", fmt.Errorf("set hostname %q: %w", req.Hostname, err)
 		}
+		// MPI stacks resolve their own host name; an image's /etc/hosts
+		// does not know the node's. The write lands in the overlay.
+		if err := addHost(filepath.Join(rootDir, "etc/hosts"), req.Hostname); err != nil {
+			return "", err
+		}
 	}
 	return rootDir, nil
 }
@@ -105,4 +111,43 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 func statErr(p string) error {
 	_, err := os.Stat(p)
 	return err
+}
+
+// addHost makes hosts (an /etc/hosts) resolve localhost and name to the
+// loopback, keeping what the image has.
+func addHost(hosts, name string) error {
+	b, err := os.ReadFile(hosts)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("read /etc/hosts: %w", err)
+	}
+	known := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		for i := 1; i < len(f) && !strings.HasPrefix(f[0], "#"); i++ {
+			known[f[i]] = true
+		}
+	}
+	add := ""
+	if !known["localhost"] {
+		add += "127.0.0.1\tlocalhost\n"
+	}
+	if !known[name] {
+		add += "127.0.1.1\t" + name + "\n"
+	}
+	if add == "" {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(hosts), 0o755); err != nil {
+		return err
+	}
+	if len(b) > 0 && !strings.HasSuffix(string(b), "\n") {
+		add = "\n" + add
+	}
+	if st, err := os.Lstat(hosts); err == nil && st.Mode()&os.ModeSymlink != 0 {
+		// An image symlink must not redirect the write out of the root.
+		if err := os.Remove(hosts); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(hosts, append(b, add...), 0o644)
 }

@@ -1,0 +1,65 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/mpi/mpitest"
+	"github.com/slurm-microvm/slurm-microvm/test/harness"
+)
+
+// mpiTests run real MPI jobs with ranks inside the step's microVM: the
+// image's own MPI stack, PMI relayed across the VM boundary by the task's
+// exec process and the guest agent (PMIx for Open MPI, PMI-2 for MPICH).
+func mpiTests(t *testing.T, e *harness.Env) {
+	cases := []struct {
+		impl mpitest.Impl
+		mpi  string
+		env  []string // srun's environment, which the tasks inherit
+	}{
+		// Shared memory between the ranks in the one VM.
+		{mpitest.OpenMPI, "pmix", []string{"OMPI_MCA_btl=self,vader", "OMPI_MCA_pml=ob1"}},
+		{mpitest.MPICH, "pmi2", []string{"UCX_TLS=self,sm"}},
+	}
+	for _, c := range cases {
+		t.Run(c.impl.Name+" over "+c.mpi, func(t *testing.T) {
+			img := harness.MPIImage(t, c.impl)
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			cmd, err := e.C.Command(ctx, "", "srun", "-n2", "--mpi="+c.mpi, "--microvm="+img, "mpi_hello")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Env = append(cmd.Env, c.env...)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+			}
+			out := stdout.String()
+			res, err := mpitest.ParseHello([]byte(out))
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if err := res.Check(2); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			for r, rk := range res.Ranks {
+				if strings.HasPrefix(rk.LibMPI, "/run/slurm-microvm") {
+					t.Errorf("rank %d loaded an injected %s with --microvm-mpi unset", r, rk.LibMPI)
+				}
+			}
+			t.Logf("%s in the VM: size %d, sum %d, latency %.2f us, bandwidth %.0f MB/s, libmpi %s",
+				c.impl.Name, res.Size, res.Sum, res.LatencyUS, res.BandwidthMBps, res.Ranks[0].LibMPI)
+		})
+	}
+	t.Run("multi-task step without PMI still runs (no MPI asked for)", func(t *testing.T) {
+		out, errOut, code := e.Srun(t, "", "-n2", "--microvm="+e.Image, "sh", "-c", "echo ok")
+		if code != 0 || strings.Count(out, "ok") != 2 {
+			t.Fatalf("exit %d, %q %q", code, out, errOut)
+		}
+	})
+}

@@ -1,0 +1,81 @@
+package harness
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/mpi/mpitest"
+	"github.com/slurm-microvm/slurm-microvm/test/fixture"
+)
+
+// mpiPackages are the Debian packages of each implementation's image.
+var mpiPackages = map[string]string{
+	"openmpi": "openmpi-bin,libopenmpi3",
+	"mpich":   "mpich,libmpich12",
+}
+
+// MPIImage returns a squashfs image (as enroot makes) of Debian 12 minbase
+// with impl's runtime from Debian's packages (debootstrap, cached under
+// CacheDir between runs) and /usr/local/bin/mpi_hello compiled on the host
+// with impl's mpicc (same Debian packages, so the same ABI).
+func MPIImage(t testing.TB, impl mpitest.Impl) string {
+	t.Helper()
+	fixture.Require(t, "debootstrap", "mksquashfs")
+	if err := impl.Available(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s: %v (hack/setup-debian.sh installs it)", impl.Name, err)
+		}
+		t.Skipf("%s: %v", impl.Name, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	tree := filepath.Join(CacheDir, "debootstrap-"+impl.Name)
+	if _, err := os.Stat(filepath.Join(tree, ".complete")); err != nil {
+		_ = os.RemoveAll(tree)
+		t.Logf("debootstrap bookworm minbase with %s (about a minute)", mpiPackages[impl.Name])
+		cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--include="+mpiPackages[impl.Name],
+			"bookworm", tree, "http://deb.debian.org/debian")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			_ = os.RemoveAll(tree)
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("debootstrap: %v\n%s", err, tail(out))
+			}
+			t.Skipf("debootstrap (needs Debian's mirror): %v\n%s", err, tail(out))
+		}
+		_ = os.RemoveAll(filepath.Join(tree, "var/cache/apt/archives"))
+		if err := os.WriteFile(filepath.Join(tree, ".complete"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hello, err := impl.BuildHello(ctx, t.TempDir())
+	if err != nil {
+		t.Fatalf("build mpi_hello with %s: %v", impl.Name, err)
+	}
+	data, err := os.ReadFile(hello)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tree, "usr/local/bin/mpi_hello"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(Root, "images", impl.Name+".sqsh")
+	_ = os.Remove(img)
+	if out, err := exec.CommandContext(ctx, "mksquashfs", tree, img, "-noappend", "-quiet", "-no-progress", "-e", ".complete").CombinedOutput(); err != nil {
+		t.Fatalf("mksquashfs: %v\n%s", err, out)
+	}
+	if err := os.Chmod(img, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+func tail(b []byte) []byte {
+	if len(b) > 2000 {
+		return b[len(b)-2000:]
+	}
+	return b
+}
