@@ -1,0 +1,84 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/mpi/mpitest"
+	"github.com/slurm-microvm/slurm-microvm/test/harness"
+)
+
+// BenchmarkMPIPingPong prints, side by side in one run, mpi_hello's
+// ping-pong latency and bandwidth for 2 ranks sharing one microVM (srun
+// --microvm, the image's own MPI over shared memory, PMI relayed) and for
+// the same 2 ranks on the host (the implementation's own launcher), per
+// implementation, as ratios VM/host.
+func BenchmarkMPIPingPong(b *testing.B) {
+	e := harness.Setup(b)
+	cases := []struct {
+		impl mpitest.Impl
+		mpi  string
+		env  []string
+	}{
+		{mpitest.OpenMPI, "pmix", []string{"OMPI_MCA_btl=self,vader", "OMPI_MCA_pml=ob1"}},
+		{mpitest.MPICH, "pmi2", []string{"UCX_TLS=self,sm"}},
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n2 ranks, median of %d runs each   %12s %12s %12s %12s\n", rounds, "lat host us", "lat VM us", "bw host MB/s", "bw VM MB/s")
+	for _, c := range cases {
+		img := harness.MPIImage(b, c.impl)
+		hello, err := c.impl.BuildHello(context.Background(), b.TempDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		var latH, latV, bwH, bwV []float64
+		for i := 0; i < rounds; i++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			out, err := c.impl.RunHost(ctx, 2, nil, hello)
+			cancel()
+			if err != nil {
+				b.Fatalf("%s on the host: %v\n%s", c.impl.Name, err, out)
+			}
+			h, err := mpitest.ParseHello(out)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel = context.WithTimeout(context.Background(), 4*time.Minute)
+			cmd, err := e.C.Command(ctx, "", "srun", "-n2", "-c1", "--mem=1536", "--mpi="+c.mpi, "--microvm="+img, "mpi_hello")
+			if err != nil {
+				b.Fatal(err)
+			}
+			cmd.Env = append(cmd.Env, c.env...)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err = cmd.Run()
+			cancel()
+			if err != nil {
+				b.Fatalf("%s in the VM: %v\n%s\n%s", c.impl.Name, err, stdout.String(), stderr.String())
+			}
+			v, err := mpitest.ParseHello(stdout.Bytes())
+			if err != nil {
+				b.Fatal(err)
+			}
+			latH, latV = append(latH, h.LatencyUS), append(latV, v.LatencyUS)
+			bwH, bwV = append(bwH, h.BandwidthMBps), append(bwV, v.BandwidthMBps)
+		}
+		lh, lv, bh, bv := medianF(latH), medianF(latV), medianF(bwH), medianF(bwV)
+		fmt.Fprintf(&sb, "  %-32s %12.2f %12.2f %12.0f %12.0f   latency VM/host %.2f, bandwidth VM/host %.2f\n",
+			c.impl.Name+" ("+c.mpi+")", lh, lv, bh, bv, lv/lh, bv/bh)
+		b.ReportMetric(lv/lh, c.impl.Name+"-lat-vm/host")
+		b.ReportMetric(bv/bh, c.impl.Name+"-bw-vm/host")
+	}
+	b.Log(sb.String())
+}
+
+func medianF(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
