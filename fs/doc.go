@@ -113,50 +113,52 @@
 // Sharing mechanism: 9p through QEMU (-fsdev local, security_model=none,
 // readonly=on for ro shares, multidevs=remap, QEMU dropped to the job user
 // with -runas), not virtio-fs with QEMU 7.2's C virtiofsd. Measured by
-// TestShareBench (SMV_SHARE_BENCH=1) in one run on this project's machine
-// (2 shared cores, TCG, -M microvm, 1 vCPU, 1.5 GiB guest; 512 MiB file
-// read in 1 MiB requests; 10,000 4 KiB files in 100 directories, listed
-// and read; host figures are the best of three passes from the page cache;
-// guest figures are the first pass, reading through the same cache):
+// TestShareBench (SMV_SHARE_BENCH=1 go test -run TestShareBench -v ./fs/)
+// on this project's machine: 2 shared cores, TCG, -M microvm, 1 vCPU,
+// 1.5 GiB guest; a 512 MiB file read in 1 MiB requests; 10,000 4 KiB files
+// in 100 directories, listed and read. Host figures are the best of three
+// passes from the page cache, guest figures the guest's first pass, which
+// reads through that same cache. One run (the third of three), guest/host
+// ratio, and the range over the three runs:
 //
-//	                             512 MiB read       10,000 small files
-//	host                         see below          see below
-//	9p, cache=none     (chosen)  1117 MB/s  0.065    242 files/s  0.0023
-//	9p, cache=loose               118 MB/s  0.007    423 files/s  0.0040
-//	9p passthrough, cache=none    941 MB/s  0.055    211 files/s  0.0020
-//	virtio-fs, cache=auto         117 MB/s  0.007    548 files/s  0.0051
-//	virtio-fs, cache=none        1547 MB/s  0.091    316 files/s  0.0030
-//	(host: 17085 MB/s, 106553 files/s; ratios are guest/host)
+//	                           512 MiB read                 10,000 small files
+//	host                       19019 MB/s                   131119 files/s
+//	9p cache=none  (chosen)     1192 MB/s 0.063 (1117-1218)    266/s 0.0020 (220-266)
+//	9p cache=loose                91 MB/s 0.005 (91-118)       358/s 0.0027 (254-423)
+//	9p passthrough cache=none   1317 MB/s 0.069 (941-1317)     333/s 0.0025 (192-333)
+//	virtio-fs cache=auto          98 MB/s 0.005 (90-117)       454/s 0.0035 (386-548)
+//	virtio-fs cache=none        1723 MB/s 0.091 (1269-1723)    292/s 0.0022 (255-316)
 //
 // Under TCG every path that makes the guest CPU copy data (the guest page
 // cache: 9p loose, virtio-fs auto) is ten times slower for streaming; with
 // no guest cache QEMU or virtiofsd writes into the guest's buffer directly.
-// virtio-fs is 1.4x faster for streaming and up to 2.3x for small files,
-// but the ratios against the host are tiny either way under TCG and the
-// numbers must be taken again under KVM (where published measurements
-// favour virtio-fs more) before the decision is revisited. What decided
-// it is enforcement on the host:
+// virtio-fs (cache=none) streams 1.0-1.4x faster than 9p and walks small
+// files 1.1-1.3x faster (1.7-2.3x with cache=auto, which streams ten times
+// slower); the ratios against the host are small either way under
+// emulation, and must be measured again under KVM (where published
+// measurements favour virtio-fs more) before this is revisited. What
+// decided it is enforcement on the host:
 //   - read-only: 9p readonly=on is refused by QEMU at the protocol level,
 //     for the whole tree including submounts of the source; a guest root
-//     that remounts the share rw still gets EROFS (measured, both for the
-//     share and for a tmpfs mounted inside the source). virtiofsd 7.2 has
-//     no read-only option: it needs a recursive read-only bind in a private
-//     mount namespace (a plain "mount --bind -o ro" leaves submounts
-//     writable), per share, per step;
+//     that remounts the share rw still gets EROFS for writes and chmod
+//     (measured in every run, for the share and for a tmpfs mounted inside
+//     the source). virtiofsd 7.2 has no read-only option: it needs a
+//     recursive read-only bind in a private mount namespace (a plain
+//     "mount --bind -o ro" leaves submounts writable), per share, per step;
 //   - identity: QEMU's 9p server runs as the job user (-runas,
 //     security_model=none: the guest's chown requests are ignored), so the
-//     guest's root reaches exactly what the user can; the C virtiofsd must
-//     run as root and switches its fs credentials to the uid the guest
-//     sends, so guest root is host root on a writable share unless it is
-//     wrapped in a user namespace;
+//     guest's root reaches exactly what the user can, and files it creates
+//     belong to the user; the C virtiofsd must run as root and switches its
+//     fs credentials to the uid the guest sends, so guest root is host root
+//     on a writable share unless it is wrapped in a user namespace;
 //   - moving parts: no extra daemon per share, no socket, no shared-memory
 //     guest RAM (memory-backend-memfd,share=on maps all guest memory into
 //     the daemon), no -global virtio-mmio.force-legacy=false.
 //
 // 9p cache=none over cache=loose: coherent with the host (other nodes write
 // the same Lustre/GPFS files) and fastest for streaming here; loose helps
-// small-file trees read more than once (775 vs 297 files/s on the second
-// pass). guestpath.NinePOptions holds the guest's mount options.
+// small-file trees read more than once (646-775 vs 203-297 files/s on the
+// second pass). guestpath.NinePOptions holds the guest's mount options.
 //
 // Filesystem awareness. ClassifyFile reads the mount id of the opened
 // source from /proc/self/fdinfo and finds it in mountinfo

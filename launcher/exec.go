@@ -153,10 +153,14 @@ func Exec(ctx context.Context, stateDir string, startTimeout time.Duration, argv
 		return driver.ExitStatus{}, err
 	}
 	env = TaskEnv(env)
-	if s, err := ReadSpec(stateDir); err == nil && s.GPUs != "" {
-		env = guestGPUEnv(env, s.GPUs)
+	cwd := ""
+	if s, err := ReadSpec(stateDir); err == nil {
+		if s.GPUs != "" {
+			env = guestGPUEnv(env, s.GPUs)
+		}
+		cwd = s.Workdir // "" : the image's WORKDIR, else /
 	}
-	spec, err := withPMI(driver.ProcessSpec{Argv: argv, Env: env})
+	spec, err := withPMI(driver.ProcessSpec{Argv: argv, Env: env, Cwd: cwd})
 	if err != nil {
 		return driver.ExitStatus{}, err
 	}

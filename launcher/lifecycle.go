@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/slurm-microvm/slurm-microvm/fs"
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
 	"github.com/slurm-microvm/slurm-microvm/launcher/cgroup"
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
@@ -126,6 +127,48 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 	}
 }
 
+// mountTable is a step's resolved host shares.
+type mountTable struct{ *fs.Table }
+
+func (t mountTable) Close() {
+	if t.Table != nil {
+		_ = t.Table.Close()
+	}
+}
+
+func (t mountTable) driverShares() []driver.Share {
+	if t.Table == nil {
+		return nil
+	}
+	out := make([]driver.Share, 0, len(t.Shares))
+	for _, sh := range t.Shares {
+		out = append(out, driver.Share{Dir: sh.File, Destination: sh.Destination, ReadOnly: sh.ReadOnly})
+	}
+	return out
+}
+
+// resolveMounts applies the node's mount policy to the step's request
+// (site mounts, scratch, --microvm-mounts), opening every source with the
+// job user's credentials (package fs).
+func (l *Launcher) resolveMounts(ctx context.Context, s *Spec, log *slog.Logger) (mountTable, error) {
+	u, err := fs.LookupUser(s.UID, s.GID, s.Groups)
+	if err != nil {
+		return mountTable{}, err
+	}
+	origin := s.MountsOrigin
+	if origin == "" {
+		origin = fs.OptionName
+	}
+	t, err := l.Config.Mounts.Resolve(ctx, fs.Request{User: u, Mounts: s.Mounts, Origin: origin, Step: s.ID.String()})
+	if err != nil {
+		return mountTable{}, err
+	}
+	if len(t.Shares) > 0 {
+		log.Info("host shares", "table", t.String())
+	}
+	return mountTable{t}, nil
+}
+
 // gpuPlanFile keeps the step's GPU plan (JSON) so that stop can release
 // the GPUs from a fresh process.
 const gpuPlanFile = "gpus.json"
@@ -208,6 +251,12 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
+	shares, err := l.resolveMounts(ctx, s, log)
+	if err != nil {
+		return nil, err
+	}
+	// QEMU holds its own descriptors once started.
+	defer shares.Close()
 	if machine != nil && accel != "kvm" {
 		return nil, fmt.Errorf("GPUs %s: VFIO passthrough needs KVM, and QEMU runs under %s on this node (no kvm_intel or kvm_amd loaded)", s.GPUs, accel)
 	}
@@ -246,6 +295,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		User: s.User, UID: s.UID, GID: s.GID, Groups: s.Groups,
 		Hostname: s.Hostname, Debug: s.Debug, Logger: log,
 		PCI: machine != nil, MachineArgs: machine,
+		Shares: shares.driverShares(),
 	})
 }
 
@@ -278,6 +328,9 @@ func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
 	if err := releaseGPUs(ctx, d); err != nil {
 		// Keep the state (and its plan) for the epilog's gc to retry.
 		l.log().Error("GPUs not released", "step", id.String(), "err", err)
+		return fmt.Errorf("stop step %s: %w", id, err)
+	}
+	if err := l.Config.Mounts.RemoveScratch(id.String()); err != nil {
 		return fmt.Errorf("stop step %s: %w", id, err)
 	}
 	if err := os.RemoveAll(d.Path()); err != nil {
@@ -317,6 +370,10 @@ func (l *Launcher) GC(ctx context.Context, job uint32) error {
 		if err := l.Stop(ctx, id); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	// Scratch of steps whose state is already gone (a crashed stop).
+	if err := l.Config.Mounts.RemoveJobScratch(job); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -35,6 +35,9 @@ type Spec struct {
 	// Mounts, Workdir and MPI carry --microvm-mounts, --microvm-workdir
 	// and --microvm-mpi.
 	Mounts  string `json:"mounts,omitempty"`
+	// MountsOrigin names where Mounts came from in errors: the option
+	// (--microvm-mounts) or its environment fallback (SLURM_MICROVM_MOUNTS).
+	MountsOrigin string `json:"mounts_origin,omitempty"`
 	Workdir string `json:"workdir,omitempty"`
 	MPI     string `json:"mpi,omitempty"`
 }

@@ -162,7 +162,7 @@ int mv_remote_init_post_opt(spank_t sp)
 {
 	struct mv_step *s = &mv.step;
 	struct mv_argv a = { 0 };
-	char gpus[4096] = "", cwd[4096] = "";
+	char gpus[4096] = "", cwd[4096] = "", menv[8192] = "";
 	char *user = NULL, *groups = NULL, *cores = NULL, *why = NULL;
 	char **argv = NULL;
 	int argc = 0, uerr = 0;
@@ -265,6 +265,13 @@ int mv_remote_init_post_opt(spank_t sp)
 		mv_argv_add(&a, cwd);
 	}
 	mv_argv_options(&a);
+	/* Environment fallback of --microvm-mounts (the job's environment). */
+	if (!mv.opt.mounts &&
+	    spank_getenv(sp, "SLURM_MICROVM_MOUNTS", menv, sizeof(menv)) ==
+		    ESPANK_SUCCESS && menv[0]) {
+		mv_argv_add(&a, "--mounts-env");
+		mv_argv_add(&a, menv);
+	}
 
 	s->prepared = 1;
 	if (mv_run("prepare", &a, mv_clean_env, MV_OUTPUT_LOG,

@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/slurm-microvm/slurm-microvm/fs"
 	"github.com/slurm-microvm/slurm-microvm/launcher"
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
@@ -66,6 +67,30 @@ func validateCommand() *cli.Command {
 				return err
 			}
 			uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
+			if _, err := fs.ParseWorkdir(c.String("workdir")); err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+			mounts, origin := c.String("mounts"), fs.OptionName
+			if mounts == "" {
+				mounts, origin = os.Getenv(fs.EnvVar), fs.EnvVar
+			}
+			// The whole policy, as the submitting user: sources that are
+			// not allowed, missing or unreadable fail before queueing.
+			var groups []uint32
+			if gs, err := os.Getgroups(); err == nil {
+				for _, g := range gs {
+					groups = append(groups, uint32(g))
+				}
+			}
+			if u, err := fs.LookupUser(uid, gid, groups); err == nil {
+				t, err := cfg.Mounts.Resolve(c.Context, fs.Request{User: u, Mounts: mounts, Origin: origin})
+				if err != nil {
+					return cli.Exit(err.Error(), 2)
+				}
+				t.Close()
+			} else if _, err := fs.Parse(origin, mounts); err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
 			err = image.Check(c.Context, c.String("image"), image.Options{UID: uid, GID: gid, CacheRoot: filepath.Join(cfg.CacheDir, "images")})
 			if err != nil {
 				return cli.Exit("--microvm: "+err.Error(), 2)
@@ -92,6 +117,7 @@ func prepareCommand() *cli.Command {
 			&cli.StringFlag{Name: "cwd", Usage: "directory a relative image path (./img) is relative to: where srun ran"},
 			&cli.BoolFlag{Name: "debug"},
 			&cli.StringFlag{Name: "mounts"}, &cli.StringFlag{Name: "workdir"}, &cli.StringFlag{Name: "mpi"},
+			&cli.StringFlag{Name: "mounts-env", Usage: "SLURM_MICROVM_MOUNTS of the job, used when --mounts is not given"},
 		),
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c, true)
@@ -112,6 +138,17 @@ func prepareCommand() *cli.Command {
 			if host == "" {
 				host, _ = os.Hostname()
 			}
+			workdir, err := fs.ParseWorkdir(c.String("workdir"))
+			if err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+			mounts, origin := c.String("mounts"), fs.OptionName
+			if mounts == "" && c.String("mounts-env") != "" {
+				mounts, origin = c.String("mounts-env"), fs.EnvVar
+			}
+			if _, err := fs.Parse(origin, mounts); err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
 			img := c.String("image")
 			if (strings.HasPrefix(img, "./") || strings.HasPrefix(img, "../")) && c.String("cwd") != "" {
 				img = filepath.Join(c.String("cwd"), img)
@@ -120,7 +157,7 @@ func prepareCommand() *cli.Command {
 				ID: stepID(c), UID: uint32(c.Uint("uid")), GID: uint32(c.Uint("gid")), Groups: groups, User: name,
 				Image: img, Cores: c.String("cores"), MemMiB: c.Uint64("mem-mb"), GPUs: c.String("gpus"),
 				LocalTasks: c.Int("tasks"), Hostname: host, Debug: c.Bool("debug"),
-				Mounts: c.String("mounts"), Workdir: c.String("workdir"), MPI: c.String("mpi"),
+				Mounts: mounts, MountsOrigin: origin, Workdir: workdir, MPI: c.String("mpi"),
 			}
 			l := &launcher.Launcher{Config: cfg}
 			if err := l.Prepare(c.Context, s); err != nil {

@@ -49,6 +49,7 @@ func main() {
 			assetsCommand(),
 			mpiCommand(),
 			gpusCommand(),
+			mountsCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
 	}

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/user"
 	"strconv"
 	"text/tabwriter"
 
-	"github.com/BurntSushi/toml"
 	"github.com/urfave/cli/v2"
 
 	"github.com/slurm-microvm/slurm-microvm/fs"
@@ -36,13 +34,11 @@ func mountsCommand() *cli.Command {
 			&cli.BoolFlag{Name: "plan", Usage: "only plan: check syntax and policy, open nothing"},
 		},
 		Action: func(c *cli.Context) error {
-			p, err := loadMountPolicy(c.String("config"))
+			cfg, err := loadConfig(c, true)
 			if err != nil {
-				return cli.Exit(err.Error(), 2)
+				return err
 			}
-			if errs := p.Validate(); len(errs) > 0 {
-				return cli.Exit(fmt.Sprintf("%s: %v", c.String("config"), errors.Join(errs...)), 2)
-			}
+			p := cfg.Mounts // validated by loadConfig
 			u, err := mountsUser(c)
 			if err != nil {
 				return cli.Exit(err.Error(), 2)
@@ -97,19 +93,6 @@ func mode(ro, optional bool) string {
 		m += "+optional"
 	}
 	return m
-}
-
-// loadMountPolicy reads the [mounts] section of the config file over
-// fs.DefaultPolicy (a missing file gives the defaults). Other sections are
-// left to launcher/config.
-func loadMountPolicy(path string) (fs.Policy, error) {
-	v := struct {
-		Mounts fs.Policy `toml:"mounts"`
-	}{Mounts: fs.DefaultPolicy()}
-	if _, err := toml.DecodeFile(path, &v); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fs.Policy{}, fmt.Errorf("read %s: %w", path, err)
-	}
-	return v.Mounts, nil
 }
 
 // mountsUser is the job user of `mounts`: --uid or the caller, with gid

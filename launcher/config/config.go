@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/slurm-microvm/slurm-microvm/fs"
 )
 
 // DefaultPath is where the plugin and the launcher look for the file.
@@ -34,6 +36,8 @@ type Config struct {
 	Resources Resources `toml:"resources"`
 	Timeouts  Timeouts  `toml:"timeouts"`
 	GPU       GPU       `toml:"gpu"`
+	// Mounts is the host-path policy (package fs).
+	Mounts fs.Policy `toml:"mounts"`
 }
 
 // GPU configures VFIO passthrough of the step's GPUs (launcher/gpu).
@@ -143,7 +147,8 @@ func Defaults() Config {
 			MinMemoryMiB:     128,
 			OverlayMiB:       1024,
 		},
-		GPU: GPU{GresConf: "/etc/slurm/gres.conf"},
+		GPU:    GPU{GresConf: "/etc/slurm/gres.conf"},
+		Mounts: fs.DefaultPolicy(),
 		Timeouts: Timeouts{
 			Boot:      Duration{90 * time.Second},
 			Start:     Duration{15 * time.Minute},
@@ -234,6 +239,18 @@ func (c *Config) validate(path string, data []byte) []error {
 	if !strings.HasPrefix(c.QEMU.Agent, "/") {
 		bad("qemu.agent", "%q must be an absolute path", c.QEMU.Agent)
 	}
+	for _, err := range c.Mounts.Validate() {
+		var pe *fs.PolicyError
+		if errors.As(err, &pe) {
+			msg := pe.Msg
+			if pe.Index > 0 {
+				msg = fmt.Sprintf("entry %d: %s", pe.Index, pe.Msg)
+			}
+			errs = append(errs, &Error{Path: path, Line: lineOf(data, strings.Split(pe.Key, ".")), Key: pe.Key, Msg: msg})
+			continue
+		}
+		errs = append(errs, &Error{Path: path, Key: "mounts", Msg: err.Error()})
+	}
 	if !strings.HasPrefix(c.GPU.GresConf, "/") {
 		bad("gpu.gres_conf", "%q must be an absolute path", c.GPU.GresConf)
 	}
@@ -301,6 +318,9 @@ func (c *Config) CheckHost(path string) error {
 	}
 	if fi, err := os.Stat(c.QEMU.Agent); err != nil || !fi.Mode().IsRegular() {
 		errs = append(errs, &Error{Path: path, Key: "qemu.agent", Msg: fmt.Sprintf("%q is not a file on this node (make install puts it there)", c.QEMU.Agent)})
+	}
+	if err := fs.CheckLocalStore("cache_dir", c.CacheDir); err != nil {
+		errs = append(errs, &Error{Path: path, Key: "cache_dir", Msg: err.Error()})
 	}
 	if c.QEMU.Kernel != "" {
 		if _, err := os.Stat(c.QEMU.Kernel); err != nil {

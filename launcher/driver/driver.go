@@ -23,6 +23,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"syscall"
 )
 
@@ -53,6 +54,10 @@ type SandboxConfig struct {
 	Groups []uint32
 	// Hostname of the guest (the node's name).
 	Hostname string
+	// Shares are host directories for the guest, parents first, each
+	// opened with the job user's credentials: the opened object is what
+	// the driver shares (never re-resolved by name).
+	Shares []Share
 	// PCI asks for a PCI machine (VFIO passthrough) described by
 	// MachineArgs (launcher/gpu's Plan.QEMUArgs for the QEMU driver).
 	PCI         bool
@@ -76,6 +81,13 @@ type Sandbox interface {
 	Stop(ctx context.Context) error
 	// Pid is the VMM's pid on the host.
 	Pid() int
+}
+
+// Share is one host directory mounted in the guest.
+type Share struct {
+	Dir         *os.File
+	Destination string
+	ReadOnly    bool
 }
 
 // ProcessSpec is one process to run in a sandbox.

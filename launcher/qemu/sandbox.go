@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/slurm-microvm/slurm-microvm/fs"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/transport"
@@ -61,6 +62,7 @@ type sandbox struct {
 	done    chan struct{}
 	waitErr error
 	l       net.Listener
+	mounts  []*api.Mount
 
 	stopOnce sync.Once
 	stopErr  error
@@ -119,6 +121,27 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		hostEnd.Close()
 		return nil, err
 	}
+	// Host shares: QEMU's 9p server, on the directories the launcher
+	// opened as the job's user, inherited as fds 4, 5, ...
+	extra := []*os.File{guestEnd}
+	var mounts []*api.Mount
+	for i, sh := range cfg.Shares {
+		fd := 4 + i
+		dev := fs.NinePDeviceMMIO
+		if cfg.PCI {
+			dev = fs.NinePDevicePCI
+		}
+		tag := fmt.Sprintf("smv%d", i)
+		share := fs.NineP{ID: tag, Tag: tag, Path: fs.ProcFDPath(fd), ReadOnly: sh.ReadOnly, SecurityModel: fs.SecurityNone, Device: dev}
+		sargs, err := share.Args()
+		if err != nil {
+			hostEnd.Close()
+			return nil, err
+		}
+		args = append(args, sargs...)
+		extra = append(extra, sh.Dir)
+		mounts = append(mounts, &api.Mount{Tag: tag, Destination: sh.Destination, ReadOnly: sh.ReadOnly})
+	}
 	logf, err := os.OpenFile(filepath.Join(cfg.StateDir, vmmLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
 		hostEnd.Close()
@@ -132,7 +155,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		return nil, err
 	}
 	cmd := exec.Command(d.o.Binary, args...)
-	cmd.ExtraFiles = []*os.File{guestEnd}
+	cmd.ExtraFiles = extra
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The VMM must not outlive its supervisor.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -142,7 +165,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		hostEnd.Close()
 		return nil, fmt.Errorf("start VMM %s: %w", d.o.Binary, err)
 	}
-	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{})}
+	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts}
 	go func() {
 		s.waitErr = cmd.Wait()
 		close(s.done)
@@ -200,6 +223,7 @@ func (s *sandbox) waitReady(ctx context.Context) error {
 			RootDevice: "/dev/vda", RootFstype: "erofs",
 			OverlayMib: s.cfg.OverlayMiB, Hostname: s.cfg.Hostname,
 			ImageEnv: s.cfg.ImageEnv, ImageWorkdir: s.cfg.ImageWorkdir,
+			Mounts: s.mounts,
 		})
 		ch <- result{c, err}
 	}()

@@ -290,6 +290,8 @@ func TestE2E(t *testing.T) {
 		}
 	})
 
+	t.Run("mounts", func(t *testing.T) { mountTests(t, e) })
+
 	t.Run("MPI", func(t *testing.T) { mpiTests(t, e) })
 
 	t.Run("run without Slurm", func(t *testing.T) {

@@ -24,6 +24,11 @@ import (
 // under /run (0755 all the way) so the unprivileged test user can execute
 // the exec entry and read the images, wherever the repository is cloned.
 const (
+	// DataDir is the tree users may mount from; DataDir/rw may be
+	// mounted writable.
+	DataDir = cluster.BaseDir + "/data"
+	// ScratchDir holds the per-step scratch directories.
+	ScratchDir = cluster.BaseDir + "/scratch"
 	Root       = cluster.BaseDir + "/install"
 	RuntimeDir = "/run/slurm-microvm-e2e"
 	CacheDir   = "/var/cache/slurm-microvm-e2e"
@@ -91,7 +96,12 @@ boot = "120s"
 stop_grace = "3s"
 [gpu]
 gres_conf = %q
-`, RuntimeDir, CacheDir, filepath.Join(bin, "slurm-microvm-agent"), filepath.Join(cluster.DefaultDir, "etc", "gres.conf"))
+[mounts]
+allowed = [%q]
+writable = [%q]
+scratch_base = %q
+`, RuntimeDir, CacheDir, filepath.Join(bin, "slurm-microvm-agent"), filepath.Join(cluster.DefaultDir, "etc", "gres.conf"),
+		DataDir, filepath.Join(DataDir, "rw"), ScratchDir)
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -217,8 +217,10 @@ type SetupRequest struct {
 	OverlayMib uint64 `protobuf:"varint,6,opt,name=overlay_mib,json=overlayMib,proto3" json:"overlay_mib,omitempty"`
 	Hostname   string `protobuf:"bytes,7,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	// Image config: environment (KEY=VALUE) and default working directory.
-	ImageEnv      []string `protobuf:"bytes,8,rep,name=image_env,json=imageEnv,proto3" json:"image_env,omitempty"`
-	ImageWorkdir  string   `protobuf:"bytes,9,opt,name=image_workdir,json=imageWorkdir,proto3" json:"image_workdir,omitempty"`
+	ImageEnv     []string `protobuf:"bytes,8,rep,name=image_env,json=imageEnv,proto3" json:"image_env,omitempty"`
+	ImageWorkdir string   `protobuf:"bytes,9,opt,name=image_workdir,json=imageWorkdir,proto3" json:"image_workdir,omitempty"`
+	// Host directories to mount, parents first (9p tags of the VMM).
+	Mounts        []*Mount `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -316,6 +318,77 @@ func (x *SetupRequest) GetImageWorkdir() string {
 	return ""
 }
 
+func (x *SetupRequest) GetMounts() []*Mount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
+type Mount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Tag   string                 `protobuf:"bytes,1,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Absolute path in the guest root; resolved inside the root, never
+	// following the image's symlinks out of it.
+	Destination string `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	// Read-only is enforced by the VMM on the host (readonly=on); the
+	// guest mount is read-only too, for convenience.
+	ReadOnly      bool `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Mount) Reset() {
+	*x = Mount{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Mount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Mount) ProtoMessage() {}
+
+func (x *Mount) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Mount.ProtoReflect.Descriptor instead.
+func (*Mount) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Mount) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *Mount) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *Mount) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
 type CreateProcessRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Argv  []string               `protobuf:"bytes,1,rep,name=argv,proto3" json:"argv,omitempty"`
@@ -335,7 +408,7 @@ type CreateProcessRequest struct {
 
 func (x *CreateProcessRequest) Reset() {
 	*x = CreateProcessRequest{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -347,7 +420,7 @@ func (x *CreateProcessRequest) String() string {
 func (*CreateProcessRequest) ProtoMessage() {}
 
 func (x *CreateProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -360,7 +433,7 @@ func (x *CreateProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProcessRequest.ProtoReflect.Descriptor instead.
 func (*CreateProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateProcessRequest) GetArgv() []string {
@@ -430,7 +503,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +515,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +528,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Forward) GetFd() uint32 {
@@ -494,7 +567,7 @@ type CreateProcessResponse struct {
 
 func (x *CreateProcessResponse) Reset() {
 	*x = CreateProcessResponse{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +579,7 @@ func (x *CreateProcessResponse) String() string {
 func (*CreateProcessResponse) ProtoMessage() {}
 
 func (x *CreateProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +592,7 @@ func (x *CreateProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProcessResponse.ProtoReflect.Descriptor instead.
 func (*CreateProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateProcessResponse) GetId() string {
@@ -560,7 +633,7 @@ type ForwardInfo struct {
 
 func (x *ForwardInfo) Reset() {
 	*x = ForwardInfo{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -572,7 +645,7 @@ func (x *ForwardInfo) String() string {
 func (*ForwardInfo) ProtoMessage() {}
 
 func (x *ForwardInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -585,7 +658,7 @@ func (x *ForwardInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardInfo.ProtoReflect.Descriptor instead.
 func (*ForwardInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ForwardInfo) GetChannel() string {
@@ -612,7 +685,7 @@ type AcceptChannelRequest struct {
 
 func (x *AcceptChannelRequest) Reset() {
 	*x = AcceptChannelRequest{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +697,7 @@ func (x *AcceptChannelRequest) String() string {
 func (*AcceptChannelRequest) ProtoMessage() {}
 
 func (x *AcceptChannelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +710,7 @@ func (x *AcceptChannelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceptChannelRequest.ProtoReflect.Descriptor instead.
 func (*AcceptChannelRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AcceptChannelRequest) GetId() string {
@@ -663,7 +736,7 @@ type Channel struct {
 
 func (x *Channel) Reset() {
 	*x = Channel{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +748,7 @@ func (x *Channel) String() string {
 func (*Channel) ProtoMessage() {}
 
 func (x *Channel) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +761,7 @@ func (x *Channel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Channel.ProtoReflect.Descriptor instead.
 func (*Channel) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Channel) GetId() string {
@@ -708,7 +781,7 @@ type ChannelReadRequest struct {
 
 func (x *ChannelReadRequest) Reset() {
 	*x = ChannelReadRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +793,7 @@ func (x *ChannelReadRequest) String() string {
 func (*ChannelReadRequest) ProtoMessage() {}
 
 func (x *ChannelReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +806,7 @@ func (x *ChannelReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelReadRequest.ProtoReflect.Descriptor instead.
 func (*ChannelReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ChannelReadRequest) GetId() string {
@@ -760,7 +833,7 @@ type ChannelWriteRequest struct {
 
 func (x *ChannelWriteRequest) Reset() {
 	*x = ChannelWriteRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +845,7 @@ func (x *ChannelWriteRequest) String() string {
 func (*ChannelWriteRequest) ProtoMessage() {}
 
 func (x *ChannelWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +858,7 @@ func (x *ChannelWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelWriteRequest.ProtoReflect.Descriptor instead.
 func (*ChannelWriteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ChannelWriteRequest) GetId() string {
@@ -811,7 +884,7 @@ type ChannelCloseRequest struct {
 
 func (x *ChannelCloseRequest) Reset() {
 	*x = ChannelCloseRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +896,7 @@ func (x *ChannelCloseRequest) String() string {
 func (*ChannelCloseRequest) ProtoMessage() {}
 
 func (x *ChannelCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +909,7 @@ func (x *ChannelCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelCloseRequest.ProtoReflect.Descriptor instead.
 func (*ChannelCloseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ChannelCloseRequest) GetId() string {
@@ -855,7 +928,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +940,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +953,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ProcessRequest) GetId() string {
@@ -900,7 +973,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +985,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +998,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -951,7 +1024,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1036,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1049,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WriteStdinResponse) GetLen() uint32 {
@@ -998,7 +1071,7 @@ type ReadOutputRequest struct {
 
 func (x *ReadOutputRequest) Reset() {
 	*x = ReadOutputRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1083,7 @@ func (x *ReadOutputRequest) String() string {
 func (*ReadOutputRequest) ProtoMessage() {}
 
 func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1096,7 @@ func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadOutputRequest) GetId() string {
@@ -1057,7 +1130,7 @@ type ReadOutputResponse struct {
 
 func (x *ReadOutputResponse) Reset() {
 	*x = ReadOutputResponse{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1142,7 @@ func (x *ReadOutputResponse) String() string {
 func (*ReadOutputResponse) ProtoMessage() {}
 
 func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1155,7 @@ func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputResponse.ProtoReflect.Descriptor instead.
 func (*ReadOutputResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReadOutputResponse) GetData() []byte {
@@ -1109,7 +1182,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1121,7 +1194,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1134,7 +1207,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -1163,7 +1236,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1248,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1261,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -1216,7 +1289,7 @@ type ResizeTTYRequest struct {
 
 func (x *ResizeTTYRequest) Reset() {
 	*x = ResizeTTYRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1301,7 @@ func (x *ResizeTTYRequest) String() string {
 func (*ResizeTTYRequest) ProtoMessage() {}
 
 func (x *ResizeTTYRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1314,7 @@ func (x *ResizeTTYRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeTTYRequest.ProtoReflect.Descriptor instead.
 func (*ResizeTTYRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ResizeTTYRequest) GetId() string {
@@ -1275,7 +1348,7 @@ const file_agent_proto_rawDesc = "" +
 	"\fPingResponse\x12%\n" +
 	"\x0ekernel_release\x18\x01 \x01(\tR\rkernelRelease\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x1b\n" +
-	"\tuptime_ms\x18\x03 \x01(\x04R\buptimeMs\"\x8b\x02\n" +
+	"\tuptime_ms\x18\x03 \x01(\x04R\buptimeMs\"\xc1\x02\n" +
 	"\fSetupRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
@@ -1288,7 +1361,13 @@ const file_agent_proto_rawDesc = "" +
 	"overlayMib\x12\x1a\n" +
 	"\bhostname\x18\a \x01(\tR\bhostname\x12\x1b\n" +
 	"\timage_env\x18\b \x03(\tR\bimageEnv\x12#\n" +
-	"\rimage_workdir\x18\t \x01(\tR\fimageWorkdir\"\xce\x01\n" +
+	"\rimage_workdir\x18\t \x01(\tR\fimageWorkdir\x124\n" +
+	"\x06mounts\x18\n" +
+	" \x03(\v2\x1c.slurmmicrovm.agent.v1.MountR\x06mounts\"X\n" +
+	"\x05Mount\x12\x10\n" +
+	"\x03tag\x18\x01 \x01(\tR\x03tag\x12 \n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x1b\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\xce\x01\n" +
 	"\x14CreateProcessRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -1383,68 +1462,70 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: slurmmicrovm.agent.v1.Stream
 	(*Empty)(nil),                 // 1: slurmmicrovm.agent.v1.Empty
 	(*PingRequest)(nil),           // 2: slurmmicrovm.agent.v1.PingRequest
 	(*PingResponse)(nil),          // 3: slurmmicrovm.agent.v1.PingResponse
 	(*SetupRequest)(nil),          // 4: slurmmicrovm.agent.v1.SetupRequest
-	(*CreateProcessRequest)(nil),  // 5: slurmmicrovm.agent.v1.CreateProcessRequest
-	(*Forward)(nil),               // 6: slurmmicrovm.agent.v1.Forward
-	(*CreateProcessResponse)(nil), // 7: slurmmicrovm.agent.v1.CreateProcessResponse
-	(*ForwardInfo)(nil),           // 8: slurmmicrovm.agent.v1.ForwardInfo
-	(*AcceptChannelRequest)(nil),  // 9: slurmmicrovm.agent.v1.AcceptChannelRequest
-	(*Channel)(nil),               // 10: slurmmicrovm.agent.v1.Channel
-	(*ChannelReadRequest)(nil),    // 11: slurmmicrovm.agent.v1.ChannelReadRequest
-	(*ChannelWriteRequest)(nil),   // 12: slurmmicrovm.agent.v1.ChannelWriteRequest
-	(*ChannelCloseRequest)(nil),   // 13: slurmmicrovm.agent.v1.ChannelCloseRequest
-	(*ProcessRequest)(nil),        // 14: slurmmicrovm.agent.v1.ProcessRequest
-	(*WriteStdinRequest)(nil),     // 15: slurmmicrovm.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 16: slurmmicrovm.agent.v1.WriteStdinResponse
-	(*ReadOutputRequest)(nil),     // 17: slurmmicrovm.agent.v1.ReadOutputRequest
-	(*ReadOutputResponse)(nil),    // 18: slurmmicrovm.agent.v1.ReadOutputResponse
-	(*SignalRequest)(nil),         // 19: slurmmicrovm.agent.v1.SignalRequest
-	(*WaitResponse)(nil),          // 20: slurmmicrovm.agent.v1.WaitResponse
-	(*ResizeTTYRequest)(nil),      // 21: slurmmicrovm.agent.v1.ResizeTTYRequest
+	(*Mount)(nil),                 // 5: slurmmicrovm.agent.v1.Mount
+	(*CreateProcessRequest)(nil),  // 6: slurmmicrovm.agent.v1.CreateProcessRequest
+	(*Forward)(nil),               // 7: slurmmicrovm.agent.v1.Forward
+	(*CreateProcessResponse)(nil), // 8: slurmmicrovm.agent.v1.CreateProcessResponse
+	(*ForwardInfo)(nil),           // 9: slurmmicrovm.agent.v1.ForwardInfo
+	(*AcceptChannelRequest)(nil),  // 10: slurmmicrovm.agent.v1.AcceptChannelRequest
+	(*Channel)(nil),               // 11: slurmmicrovm.agent.v1.Channel
+	(*ChannelReadRequest)(nil),    // 12: slurmmicrovm.agent.v1.ChannelReadRequest
+	(*ChannelWriteRequest)(nil),   // 13: slurmmicrovm.agent.v1.ChannelWriteRequest
+	(*ChannelCloseRequest)(nil),   // 14: slurmmicrovm.agent.v1.ChannelCloseRequest
+	(*ProcessRequest)(nil),        // 15: slurmmicrovm.agent.v1.ProcessRequest
+	(*WriteStdinRequest)(nil),     // 16: slurmmicrovm.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 17: slurmmicrovm.agent.v1.WriteStdinResponse
+	(*ReadOutputRequest)(nil),     // 18: slurmmicrovm.agent.v1.ReadOutputRequest
+	(*ReadOutputResponse)(nil),    // 19: slurmmicrovm.agent.v1.ReadOutputResponse
+	(*SignalRequest)(nil),         // 20: slurmmicrovm.agent.v1.SignalRequest
+	(*WaitResponse)(nil),          // 21: slurmmicrovm.agent.v1.WaitResponse
+	(*ResizeTTYRequest)(nil),      // 22: slurmmicrovm.agent.v1.ResizeTTYRequest
 }
 var file_agent_proto_depIdxs = []int32{
-	6,  // 0: slurmmicrovm.agent.v1.CreateProcessRequest.forwards:type_name -> slurmmicrovm.agent.v1.Forward
-	8,  // 1: slurmmicrovm.agent.v1.CreateProcessResponse.forwards:type_name -> slurmmicrovm.agent.v1.ForwardInfo
-	0,  // 2: slurmmicrovm.agent.v1.ReadOutputRequest.stream:type_name -> slurmmicrovm.agent.v1.Stream
-	2,  // 3: slurmmicrovm.agent.v1.Agent.Ping:input_type -> slurmmicrovm.agent.v1.PingRequest
-	4,  // 4: slurmmicrovm.agent.v1.Agent.Setup:input_type -> slurmmicrovm.agent.v1.SetupRequest
-	5,  // 5: slurmmicrovm.agent.v1.Agent.CreateProcess:input_type -> slurmmicrovm.agent.v1.CreateProcessRequest
-	15, // 6: slurmmicrovm.agent.v1.Agent.WriteStdin:input_type -> slurmmicrovm.agent.v1.WriteStdinRequest
-	14, // 7: slurmmicrovm.agent.v1.Agent.CloseStdin:input_type -> slurmmicrovm.agent.v1.ProcessRequest
-	17, // 8: slurmmicrovm.agent.v1.Agent.ReadOutput:input_type -> slurmmicrovm.agent.v1.ReadOutputRequest
-	19, // 9: slurmmicrovm.agent.v1.Agent.Signal:input_type -> slurmmicrovm.agent.v1.SignalRequest
-	14, // 10: slurmmicrovm.agent.v1.Agent.Wait:input_type -> slurmmicrovm.agent.v1.ProcessRequest
-	21, // 11: slurmmicrovm.agent.v1.Agent.ResizeTTY:input_type -> slurmmicrovm.agent.v1.ResizeTTYRequest
-	9,  // 12: slurmmicrovm.agent.v1.Agent.AcceptChannel:input_type -> slurmmicrovm.agent.v1.AcceptChannelRequest
-	11, // 13: slurmmicrovm.agent.v1.Agent.ChannelRead:input_type -> slurmmicrovm.agent.v1.ChannelReadRequest
-	12, // 14: slurmmicrovm.agent.v1.Agent.ChannelWrite:input_type -> slurmmicrovm.agent.v1.ChannelWriteRequest
-	13, // 15: slurmmicrovm.agent.v1.Agent.ChannelClose:input_type -> slurmmicrovm.agent.v1.ChannelCloseRequest
-	1,  // 16: slurmmicrovm.agent.v1.Agent.Shutdown:input_type -> slurmmicrovm.agent.v1.Empty
-	3,  // 17: slurmmicrovm.agent.v1.Agent.Ping:output_type -> slurmmicrovm.agent.v1.PingResponse
-	1,  // 18: slurmmicrovm.agent.v1.Agent.Setup:output_type -> slurmmicrovm.agent.v1.Empty
-	7,  // 19: slurmmicrovm.agent.v1.Agent.CreateProcess:output_type -> slurmmicrovm.agent.v1.CreateProcessResponse
-	16, // 20: slurmmicrovm.agent.v1.Agent.WriteStdin:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
-	1,  // 21: slurmmicrovm.agent.v1.Agent.CloseStdin:output_type -> slurmmicrovm.agent.v1.Empty
-	18, // 22: slurmmicrovm.agent.v1.Agent.ReadOutput:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
-	1,  // 23: slurmmicrovm.agent.v1.Agent.Signal:output_type -> slurmmicrovm.agent.v1.Empty
-	20, // 24: slurmmicrovm.agent.v1.Agent.Wait:output_type -> slurmmicrovm.agent.v1.WaitResponse
-	1,  // 25: slurmmicrovm.agent.v1.Agent.ResizeTTY:output_type -> slurmmicrovm.agent.v1.Empty
-	10, // 26: slurmmicrovm.agent.v1.Agent.AcceptChannel:output_type -> slurmmicrovm.agent.v1.Channel
-	18, // 27: slurmmicrovm.agent.v1.Agent.ChannelRead:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
-	16, // 28: slurmmicrovm.agent.v1.Agent.ChannelWrite:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
-	1,  // 29: slurmmicrovm.agent.v1.Agent.ChannelClose:output_type -> slurmmicrovm.agent.v1.Empty
-	1,  // 30: slurmmicrovm.agent.v1.Agent.Shutdown:output_type -> slurmmicrovm.agent.v1.Empty
-	17, // [17:31] is the sub-list for method output_type
-	3,  // [3:17] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	5,  // 0: slurmmicrovm.agent.v1.SetupRequest.mounts:type_name -> slurmmicrovm.agent.v1.Mount
+	7,  // 1: slurmmicrovm.agent.v1.CreateProcessRequest.forwards:type_name -> slurmmicrovm.agent.v1.Forward
+	9,  // 2: slurmmicrovm.agent.v1.CreateProcessResponse.forwards:type_name -> slurmmicrovm.agent.v1.ForwardInfo
+	0,  // 3: slurmmicrovm.agent.v1.ReadOutputRequest.stream:type_name -> slurmmicrovm.agent.v1.Stream
+	2,  // 4: slurmmicrovm.agent.v1.Agent.Ping:input_type -> slurmmicrovm.agent.v1.PingRequest
+	4,  // 5: slurmmicrovm.agent.v1.Agent.Setup:input_type -> slurmmicrovm.agent.v1.SetupRequest
+	6,  // 6: slurmmicrovm.agent.v1.Agent.CreateProcess:input_type -> slurmmicrovm.agent.v1.CreateProcessRequest
+	16, // 7: slurmmicrovm.agent.v1.Agent.WriteStdin:input_type -> slurmmicrovm.agent.v1.WriteStdinRequest
+	15, // 8: slurmmicrovm.agent.v1.Agent.CloseStdin:input_type -> slurmmicrovm.agent.v1.ProcessRequest
+	18, // 9: slurmmicrovm.agent.v1.Agent.ReadOutput:input_type -> slurmmicrovm.agent.v1.ReadOutputRequest
+	20, // 10: slurmmicrovm.agent.v1.Agent.Signal:input_type -> slurmmicrovm.agent.v1.SignalRequest
+	15, // 11: slurmmicrovm.agent.v1.Agent.Wait:input_type -> slurmmicrovm.agent.v1.ProcessRequest
+	22, // 12: slurmmicrovm.agent.v1.Agent.ResizeTTY:input_type -> slurmmicrovm.agent.v1.ResizeTTYRequest
+	10, // 13: slurmmicrovm.agent.v1.Agent.AcceptChannel:input_type -> slurmmicrovm.agent.v1.AcceptChannelRequest
+	12, // 14: slurmmicrovm.agent.v1.Agent.ChannelRead:input_type -> slurmmicrovm.agent.v1.ChannelReadRequest
+	13, // 15: slurmmicrovm.agent.v1.Agent.ChannelWrite:input_type -> slurmmicrovm.agent.v1.ChannelWriteRequest
+	14, // 16: slurmmicrovm.agent.v1.Agent.ChannelClose:input_type -> slurmmicrovm.agent.v1.ChannelCloseRequest
+	1,  // 17: slurmmicrovm.agent.v1.Agent.Shutdown:input_type -> slurmmicrovm.agent.v1.Empty
+	3,  // 18: slurmmicrovm.agent.v1.Agent.Ping:output_type -> slurmmicrovm.agent.v1.PingResponse
+	1,  // 19: slurmmicrovm.agent.v1.Agent.Setup:output_type -> slurmmicrovm.agent.v1.Empty
+	8,  // 20: slurmmicrovm.agent.v1.Agent.CreateProcess:output_type -> slurmmicrovm.agent.v1.CreateProcessResponse
+	17, // 21: slurmmicrovm.agent.v1.Agent.WriteStdin:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
+	1,  // 22: slurmmicrovm.agent.v1.Agent.CloseStdin:output_type -> slurmmicrovm.agent.v1.Empty
+	19, // 23: slurmmicrovm.agent.v1.Agent.ReadOutput:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
+	1,  // 24: slurmmicrovm.agent.v1.Agent.Signal:output_type -> slurmmicrovm.agent.v1.Empty
+	21, // 25: slurmmicrovm.agent.v1.Agent.Wait:output_type -> slurmmicrovm.agent.v1.WaitResponse
+	1,  // 26: slurmmicrovm.agent.v1.Agent.ResizeTTY:output_type -> slurmmicrovm.agent.v1.Empty
+	11, // 27: slurmmicrovm.agent.v1.Agent.AcceptChannel:output_type -> slurmmicrovm.agent.v1.Channel
+	19, // 28: slurmmicrovm.agent.v1.Agent.ChannelRead:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
+	17, // 29: slurmmicrovm.agent.v1.Agent.ChannelWrite:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
+	1,  // 30: slurmmicrovm.agent.v1.Agent.ChannelClose:output_type -> slurmmicrovm.agent.v1.Empty
+	1,  // 31: slurmmicrovm.agent.v1.Agent.Shutdown:output_type -> slurmmicrovm.agent.v1.Empty
+	18, // [18:32] is the sub-list for method output_type
+	4,  // [4:18] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1458,7 +1539,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -9,7 +9,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/slurm-microvm/slurm-microvm/fs"
+	"github.com/slurm-microvm/slurm-microvm/fs/guestpath"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
+	"github.com/slurm-microvm/slurm-microvm/launcher/assets/guestmod"
 )
 
 // Guest paths of the root filesystem layers.
@@ -95,6 +98,11 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 		}
 		_ = os.Chmod(filepath.Join(rootDir, "tmp"), 0o1777)
 	}
+	if len(req.Mounts) > 0 {
+		if err := mountShares(ctx, req.Mounts); err != nil {
+			return "", err
+		}
+	}
 	if req.Hostname != "" {
 		if err := unix.Sethostname([]byte(req.Hostname)); err != nil {
 			return "", fmt.Errorf("set hostname %q: %w", req.Hostname, err)
@@ -111,6 +119,33 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 func statErr(p string) error {
 	_, err := os.Stat(p)
 	return err
+}
+
+// mountShares mounts the host's 9p shares, parents first. The 9p modules
+// are not in the boot set: they load now. Each destination is resolved
+// inside the root without following the image's symlinks out of it, and
+// the mount goes onto the opened directory (/proc/self/fd/N), not onto a
+// path the image could redirect.
+func mountShares(ctx context.Context, mounts []*api.Mount) error {
+	if _, err := guestmod.Load(ctx, guestmod.Config{}); err != nil {
+		return fmt.Errorf("load modules for host shares: %w", err)
+	}
+	for _, m := range mounts {
+		f, in, err := guestpath.Resolve(rootDir, m.Destination, guestpath.Options{Create: true, Refuse: fs.BuiltinRefusedDestinations})
+		if err != nil {
+			return fmt.Errorf("mount point %s: %w", m.Destination, err)
+		}
+		flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+		if m.ReadOnly {
+			flags |= unix.MS_RDONLY
+		}
+		err = unix.Mount(m.Tag, fmt.Sprintf("/proc/self/fd/%d", f.Fd()), "9p", flags, guestpath.NinePOptions)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("mount host share %s on %s (%s): %w", m.Tag, m.Destination, in, err)
+		}
+	}
+	return nil
 }
 
 // addHost makes hosts (an /etc/hosts) resolve localhost and name to the

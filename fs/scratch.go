@@ -1,0 +1,146 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// validStepName reports whether name is usable as the scratch directory's
+// name: one path component of letters, digits, '.', '_' and '-', not "."
+// or "..". The launcher uses "<job>.<step>.<restart>".
+func validStepName(name string) bool {
+	if name == "" || name == "." || name == ".." || len(name) > 200 {
+		return false
+	}
+	for _, c := range name {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// ScratchDir returns the step's scratch directory, <scratch_base>/<step>,
+// or "" when scratch is off.
+func (p Policy) ScratchDir(step string) (string, error) {
+	if p.ScratchBase == "" {
+		return "", nil
+	}
+	if !validStepName(step) {
+		return "", fmt.Errorf("scratch directory: step name %q is not one plain path component", step)
+	}
+	return filepath.Join(p.ScratchBase, step), nil
+}
+
+// CreateScratch creates the step's scratch directory (mode 0700, owned by
+// u's uid and gid) and returns its path; "" when scratch is off. The base
+// directory is created root-owned 0755 when missing and must be a real
+// directory owned by root and writable by nobody else: in a base that users
+// can write (say /tmp itself) a user could plant a symlink for another
+// step's name. The step's directory is made with mkdirat and chowned with
+// fchownat(AT_SYMLINK_NOFOLLOW) relative to the opened base, so no name is
+// resolved twice. An existing directory of that name (a retried start)
+// is reused if it is a directory, never followed if it is a symlink.
+//
+// Root must be able to create and chown in the base: on a root-squashed
+// NFS export it cannot (use a local disk or a Lustre/GPFS tree without root
+// squash).
+func (p Policy) CreateScratch(u User, step string) (string, error) {
+	dir, err := p.ScratchDir(step)
+	if dir == "" || err != nil {
+		return "", err
+	}
+	base := filepath.Clean(p.ScratchBase)
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return "", fmt.Errorf("scratch base %s: %w", base, err)
+	}
+	bfd, err := unix.Open(base, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("scratch base %s: %w (must be a directory, not a symlink)", base, err)
+	}
+	defer unix.Close(bfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(bfd, &st); err != nil {
+		return "", fmt.Errorf("scratch base %s: %w", base, err)
+	}
+	if st.Uid != 0 || st.Mode&0o022 != 0 {
+		return "", fmt.Errorf("scratch base %s is owned by uid %d with mode %#o: it must be owned by root and writable only by root (chown root %s; chmod go-w %s)",
+			base, st.Uid, st.Mode&0o7777, base, base)
+	}
+	err = unix.Mkdirat(bfd, step, 0o700)
+	if errors.Is(err, unix.EEXIST) {
+		var es unix.Stat_t
+		if err := unix.Fstatat(bfd, step, &es, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return "", fmt.Errorf("scratch directory %s: %w", dir, err)
+		}
+		if es.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return "", fmt.Errorf("scratch directory %s exists and is not a directory", dir)
+		}
+		err = nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("create scratch directory %s: %w", dir, err)
+	}
+	if err := unix.Fchownat(bfd, step, int(u.UID), int(u.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return "", fmt.Errorf("chown scratch directory %s to %d:%d: %w", dir, u.UID, u.GID, err)
+	}
+	// fchmodat has no AT_SYMLINK_NOFOLLOW on Linux; open the directory
+	// itself without following and chmod the descriptor.
+	dfd, err := unix.Openat(bfd, step, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open scratch directory %s: %w", dir, err)
+	}
+	defer unix.Close(dfd)
+	if err := unix.Fchmod(dfd, 0o700); err != nil {
+		return "", fmt.Errorf("chmod scratch directory %s: %w", dir, err)
+	}
+	return dir, nil
+}
+
+// RemoveScratch removes the step's scratch directory and everything in it,
+// unless keep_scratch is set or scratch is off. Idempotent. os.RemoveAll
+// walks with openat/unlinkat and never follows a symlink, so a link the
+// guest left in the scratch tree removes the link, not its target.
+func (p Policy) RemoveScratch(step string) error {
+	dir, err := p.ScratchDir(step)
+	if dir == "" || err != nil || p.KeepScratch {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove scratch directory: %w", err)
+	}
+	return nil
+}
+
+// RemoveJobScratch removes the scratch directories of every step of job
+// (names "<job>.*"), unless keep_scratch is set: for `slurm-microvm gc`.
+func (p Policy) RemoveJobScratch(job uint32) error {
+	if p.ScratchBase == "" || p.KeepScratch {
+		return nil
+	}
+	ents, err := os.ReadDir(p.ScratchBase)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove scratch of job %d: %w", job, err)
+	}
+	prefix := strconv.FormatUint(uint64(job), 10) + "."
+	var errs []error
+	for _, e := range ents {
+		if len(e.Name()) > len(prefix) && e.Name()[:len(prefix)] == prefix {
+			if err := os.RemoveAll(filepath.Join(p.ScratchBase, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("remove scratch of job %d: %w", job, err)
+	}
+	return nil
+}
