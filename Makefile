@@ -50,8 +50,11 @@ test: build
 unit:
 	$(GO) test -count=1 -short $(TESTFLAGS) ./...
 
+# Side by side in one run each: step launch vs a bare boot, MPI ping-pong
+# in one VM vs on the host, and 9p share reads in the guest vs on the host.
 bench: build
 	$(GO) test -count=1 -timeout 30m -run XXX -bench . -benchtime 1x ./test/bench/ -v
+	SMV_SHARE_BENCH=1 SMV_SHARE_BENCH_VARIANTS=9p-none-cache=none $(GO) test -count=1 -timeout 30m -run TestShareBench -v ./fs/
 
 demo:
 	bash hack/demo.sh

@@ -34,12 +34,12 @@ type Spec struct {
 	Debug      bool   `json:"debug,omitempty"`
 	// Mounts, Workdir and MPI carry --microvm-mounts, --microvm-workdir
 	// and --microvm-mpi.
-	Mounts  string `json:"mounts,omitempty"`
+	Mounts string `json:"mounts,omitempty"`
 	// MountsOrigin names where Mounts came from in errors: the option
 	// (--microvm-mounts) or its environment fallback (SLURM_MICROVM_MOUNTS).
 	MountsOrigin string `json:"mounts_origin,omitempty"`
-	Workdir string `json:"workdir,omitempty"`
-	MPI     string `json:"mpi,omitempty"`
+	Workdir      string `json:"workdir,omitempty"`
+	MPI          string `json:"mpi,omitempty"`
 }
 
 // Dir is the state directory of the spec's step under the configured root.
