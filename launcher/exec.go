@@ -159,6 +159,13 @@ func Exec(ctx context.Context, stateDir string, startTimeout time.Duration, argv
 			env = guestGPUEnv(env, s.GPUs)
 		}
 		cwd = s.Workdir // "" : the image's WORKDIR, else /
+		var note string
+		if env, note, err = taskMPI(stateDir, s, env); err != nil {
+			return driver.ExitStatus{}, err
+		}
+		if note != "" && os.Getenv("SLURM_LOCALID") == "0" && io.Err != nil {
+			fmt.Fprintln(io.Err, note)
+		}
 	}
 	spec, err := withPMI(driver.ProcessSpec{Argv: argv, Env: env, Cwd: cwd})
 	if err != nil {

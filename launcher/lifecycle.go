@@ -270,6 +270,15 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		return nil, err
 	}
 	log.Info("image ready", "image", s.Image, "digest", img.Digest, "disk", img.Disk, "ms", time.Since(t0).Milliseconds())
+	mpiShare, err := l.planMPI(ctx, s, d, img.Disk, log)
+	if err != nil {
+		return nil, err
+	}
+	sharesForVM := shares.driverShares()
+	if mpiShare != nil {
+		defer mpiShare.Dir.Close()
+		sharesForVM = append(sharesForVM, *mpiShare)
+	}
 	agentBin := c.QEMU.Agent
 	a, err := assets.Ensure(ctx, assets.Options{
 		KernelImage: c.QEMU.Kernel, Agent: agentBin,
@@ -295,7 +304,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		User: s.User, UID: s.UID, GID: s.GID, Groups: s.Groups,
 		Hostname: s.Hostname, Debug: s.Debug, Logger: log,
 		PCI: machine != nil, MachineArgs: machine,
-		Shares: shares.driverShares(),
+		Shares: sharesForVM,
 	})
 }
 

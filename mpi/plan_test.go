@@ -2,6 +2,7 @@ package mpi
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -126,5 +127,27 @@ func TestPlanRunsOnHost(t *testing.T) {
 			}
 			t.Logf("%d objects initialized from the share", fromShare)
 		})
+	}
+}
+
+// TestPlanJSONRoundTrip: the supervisor records the plan as JSON and every
+// task reads it back to set its environment.
+func TestPlanJSONRoundTrip(t *testing.T) {
+	in := &Plan{GuestDir: DefaultGuestDir, MPI: &Library{Name: "libmpi.so.40", FileVersion: Version{40, 30, 4}},
+		Env: []EnvVar{{Name: "LD_LIBRARY_PATH", Value: DefaultGuestDir + "/lib", Prepend: true}}}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Plan
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatalf("unmarshal %s: %v", b, err)
+	}
+	if out.MPI.FileVersion.String() != "40.30.4" || len(out.Env) != 1 {
+		t.Fatalf("round trip: %+v", out)
+	}
+	env := out.Environ([]string{"LD_LIBRARY_PATH=/opt/x"})
+	if env[0] != "LD_LIBRARY_PATH="+DefaultGuestDir+"/lib:/opt/x" {
+		t.Fatalf("Environ = %v", env)
 	}
 }

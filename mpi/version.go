@@ -24,6 +24,23 @@ func (v Version) String() string {
 // MarshalText renders v for JSON as its dotted form.
 func (v Version) MarshalText() ([]byte, error) { return []byte(v.String()), nil }
 
+// UnmarshalText reads the dotted form MarshalText writes (a plan recorded
+// by the supervisor is read back by each task).
+func (v *Version) UnmarshalText(b []byte) error {
+	*v = nil
+	if len(b) == 0 {
+		return nil
+	}
+	for _, f := range strings.Split(string(b), ".") {
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			return fmt.Errorf("version %q: %q is not a number", b, f)
+		}
+		*v = append(*v, n)
+	}
+	return nil
+}
+
 // at returns component i and whether it is present.
 func (v Version) at(i int) (int, bool) {
 	if i < len(v) {

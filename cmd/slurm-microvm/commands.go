@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,6 +68,9 @@ func validateCommand() *cli.Command {
 				return err
 			}
 			uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
+			if m := c.String("mpi"); m != "" && !slices.Contains(launcher.MPIModes, m) {
+				return cli.Exit(fmt.Sprintf("--microvm-mpi: %q must be one of %s", m, strings.Join(launcher.MPIModes, ", ")), 2)
+			}
 			if _, err := fs.ParseWorkdir(c.String("workdir")); err != nil {
 				return cli.Exit(err.Error(), 2)
 			}
@@ -137,6 +141,9 @@ func prepareCommand() *cli.Command {
 			host := c.String("hostname")
 			if host == "" {
 				host, _ = os.Hostname()
+			}
+			if m := c.String("mpi"); m != "" && !slices.Contains(launcher.MPIModes, m) {
+				return cli.Exit(fmt.Sprintf("--microvm-mpi: %q must be one of %s", m, strings.Join(launcher.MPIModes, ", ")), 2)
 			}
 			workdir, err := fs.ParseWorkdir(c.String("workdir"))
 			if err != nil {

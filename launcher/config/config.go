@@ -38,6 +38,18 @@ type Config struct {
 	GPU       GPU       `toml:"gpu"`
 	// Mounts is the host-path policy (package fs).
 	Mounts fs.Policy `toml:"mounts"`
+	MPI    MPI       `toml:"mpi"`
+}
+
+// MPI configures the injection of the host's MPI stack (package mpi).
+type MPI struct {
+	// Default is --microvm-mpi when a step gives none: "auto" (inject when
+	// the ABI check passes), "host" (inject or fail), "image" or "off"
+	// (never inject).
+	Default string `toml:"default"`
+	// Version is the version rule of the check: "major", "full" (host
+	// minor >= image minor) or "strict" (Sarus' modes).
+	Version string `toml:"version"`
 }
 
 // GPU configures VFIO passthrough of the step's GPUs (launcher/gpu).
@@ -149,6 +161,7 @@ func Defaults() Config {
 		},
 		GPU:    GPU{GresConf: "/etc/slurm/gres.conf"},
 		Mounts: fs.DefaultPolicy(),
+		MPI:    MPI{Default: "auto", Version: "full"},
 		Timeouts: Timeouts{
 			Boot:      Duration{90 * time.Second},
 			Start:     Duration{15 * time.Minute},
@@ -250,6 +263,16 @@ func (c *Config) validate(path string, data []byte) []error {
 			continue
 		}
 		errs = append(errs, &Error{Path: path, Key: "mounts", Msg: err.Error()})
+	}
+	switch c.MPI.Default {
+	case "auto", "host", "image", "off":
+	default:
+		bad("mpi.default", "%q must be one of auto, host, image, off", c.MPI.Default)
+	}
+	switch c.MPI.Version {
+	case "major", "full", "strict":
+	default:
+		bad("mpi.version", "%q must be one of major, full, strict", c.MPI.Version)
 	}
 	if !strings.HasPrefix(c.GPU.GresConf, "/") {
 		bad("gpu.gres_conf", "%q must be an absolute path", c.GPU.GresConf)

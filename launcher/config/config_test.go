@@ -77,7 +77,7 @@ func TestExampleConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := Defaults()
-	if c.RuntimeDir != d.RuntimeDir || c.Resources != d.Resources || c.Timeouts != d.Timeouts || c.QEMU.Agent != d.QEMU.Agent || c.GPU != d.GPU {
+	if c.RuntimeDir != d.RuntimeDir || c.Resources != d.Resources || c.Timeouts != d.Timeouts || c.QEMU.Agent != d.QEMU.Agent || c.GPU != d.GPU || c.MPI != d.MPI {
 		t.Fatalf("etc/microvm.toml differs from the defaults it documents:\n%+v\n%+v", c, d)
 	}
 }
