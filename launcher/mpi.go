@@ -45,6 +45,12 @@ func (l *Launcher) planMPI(ctx context.Context, s *Spec, d state.Dir, disk strin
 	if mode != "auto" && mode != "host" {
 		return nil, nil
 	}
+	if mode == "auto" && os.Geteuid() != 0 {
+		// Without root the image disk can only be read by extracting
+		// it whole (seconds for a real image) at every start: auto
+		// injects only under Slurm, where the supervisor is root.
+		return nil, nil
+	}
 	root, cleanup, err := mpi.OpenDisk(ctx, disk, mpi.DiskAuto)
 	if err != nil {
 		return nil, fmt.Errorf("--microvm-mpi=%s: read the image: %w", mode, err)
