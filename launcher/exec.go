@@ -143,13 +143,23 @@ func ExecIn(ctx context.Context, c driver.Client, spec driver.ProcessSpec, io St
 	return st, err
 }
 
+// attach connects to the running sandbox of stateDir through the
+// configured runtime driver.
+func (l *Launcher) attach(ctx context.Context, stateDir string) (driver.Client, error) {
+	switch l.Config.Driver {
+	case "qemu":
+		return qemu.Attach(ctx, stateDir)
+	}
+	return nil, fmt.Errorf("runtime driver %q is not built in", l.Config.Driver)
+}
+
 // Exec is the exec entry of one task: wait for the sandbox of stateDir, run
 // argv in it with env, relay everything, and return the exit status.
-func Exec(ctx context.Context, stateDir string, startTimeout time.Duration, argv, env []string, io Stdio) (driver.ExitStatus, error) {
+func (l *Launcher) Exec(ctx context.Context, stateDir string, argv, env []string, io Stdio) (driver.ExitStatus, error) {
 	if len(argv) == 0 {
 		return driver.ExitStatus{}, errors.New("no command given")
 	}
-	if err := WaitReady(ctx, stateDir, startTimeout); err != nil {
+	if err := WaitReady(ctx, stateDir, l.Config.Timeouts.Start.Duration); err != nil {
 		return driver.ExitStatus{}, err
 	}
 	env = TaskEnv(env)
@@ -171,7 +181,7 @@ func Exec(ctx context.Context, stateDir string, startTimeout time.Duration, argv
 	if err != nil {
 		return driver.ExitStatus{}, err
 	}
-	c, err := qemu.Attach(ctx, stateDir)
+	c, err := l.attach(ctx, stateDir)
 	if err != nil {
 		return driver.ExitStatus{}, err
 	}

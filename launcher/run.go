@@ -6,7 +6,6 @@ import (
 	"os"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
-	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
@@ -40,7 +39,7 @@ func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio S
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { _ = sb.Serve(sctx) }()
-	c, err := qemu.Attach(ctx, d.Path())
+	c, err := l.attach(ctx, d.Path())
 	if err != nil {
 		return driver.ExitStatus{}, err
 	}

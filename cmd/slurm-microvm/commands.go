@@ -296,7 +296,8 @@ func runTask(ctx context.Context, configPath, stateDir string, argv []string) in
 		}
 		stateDir = state.Dir{Root: cfg.RuntimeDir, ID: id}.Path()
 	}
-	st, err := launcher.Exec(ctx, stateDir, cfg.Timeouts.Start.Duration, argv, os.Environ(), launcher.Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr})
+	l := &launcher.Launcher{Config: cfg}
+	st, err := l.Exec(ctx, stateDir, argv, os.Environ(), launcher.Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr})
 	if s, serr := launcher.ReadSpec(stateDir); serr == nil && s.Debug && os.Getenv("SLURM_LOCALID") == "0" {
 		printDebug(stateDir)
 	}
