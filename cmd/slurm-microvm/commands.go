@@ -86,12 +86,20 @@ func validateCommand() *cli.Command {
 					groups = append(groups, uint32(g))
 				}
 			}
+			// The user's mounts against the policy, as the submitting
+			// user: not allowed, unreadable or refused fails before
+			// queueing. Site mounts and scratch are the node's business,
+			// and a source missing here may exist on the compute nodes.
 			if u, err := fs.LookupUser(uid, gid, groups); err == nil {
-				t, err := cfg.Mounts.Resolve(c.Context, fs.Request{User: u, Mounts: mounts, Origin: origin})
-				if err != nil {
+				p := cfg.Mounts
+				p.Site, p.ScratchBase = nil, ""
+				t, err := p.Resolve(c.Context, fs.Request{User: u, Mounts: mounts, Origin: origin})
+				if err != nil && !errors.Is(err, fs.ErrNotFound) {
 					return cli.Exit(err.Error(), 2)
 				}
-				t.Close()
+				if t != nil {
+					t.Close()
+				}
 			} else if _, err := fs.Parse(origin, mounts); err != nil {
 				return cli.Exit(err.Error(), 2)
 			}
