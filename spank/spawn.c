@@ -358,6 +358,24 @@ static char *mv_capture_last_line(const struct mv_capture *cap)
 	return strndup(cap->buf + start, end - start);
 }
 
+/*
+ * Opens /dev/null and the status pipe a child reports its failed stage on,
+ * all above the fds a task may use (mv_fd_high). On error the message is
+ * logged and the caller's cleanup closes what was opened.
+ */
+static int mv_child_fds(const char *what, int *devnull, int statp[2])
+{
+	*devnull = mv_fd_high(open("/dev/null", O_RDWR | O_CLOEXEC));
+	if (*devnull < 0 || pipe2(statp, O_CLOEXEC) < 0 ||
+	    (statp[0] = mv_fd_high(statp[0])) < 0 ||
+	    (statp[1] = mv_fd_high(statp[1])) < 0) {
+		mv_error("%s: cannot set up /dev/null and pipes: %s", what,
+			 strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
 int mv_run(const char *what, const struct mv_argv *a, char *const envp[],
 	   enum mv_output output, unsigned timeout_s, char **why)
 {
@@ -375,14 +393,8 @@ int mv_run(const char *what, const struct mv_argv *a, char *const envp[],
 		return -1;
 	mv_child_prepare(&c, a, envp);
 
-	devnull = mv_fd_high(open("/dev/null", O_RDWR | O_CLOEXEC));
-	if (devnull < 0 || pipe2(statp, O_CLOEXEC) < 0 ||
-	    (statp[0] = mv_fd_high(statp[0])) < 0 ||
-	    (statp[1] = mv_fd_high(statp[1])) < 0) {
-		mv_error("%s: cannot set up /dev/null and pipes: %s", what,
-			 strerror(errno));
+	if (mv_child_fds(what, &devnull, statp) < 0)
 		goto out;
-	}
 	if (output == MV_OUTPUT_LOG) {
 		if (!(cap = calloc(1, sizeof(*cap))) ||
 		    pipe2(outp, O_CLOEXEC) < 0 ||
@@ -525,14 +537,8 @@ int mv_spawn_detached(const char *what, const struct mv_argv *a,
 		return -1;
 	mv_child_prepare(&c, a, envp);
 
-	devnull = mv_fd_high(open("/dev/null", O_RDWR | O_CLOEXEC));
-	if (devnull < 0 || pipe2(statp, O_CLOEXEC) < 0 ||
-	    (statp[0] = mv_fd_high(statp[0])) < 0 ||
-	    (statp[1] = mv_fd_high(statp[1])) < 0) {
-		mv_error("%s: cannot set up /dev/null and pipes: %s", what,
-			 strerror(errno));
+	if (mv_child_fds(what, &devnull, statp) < 0)
 		goto out;
-	}
 
 	pid = fork();
 	if (pid == 0) {
