@@ -30,7 +30,7 @@ func TestArgs(t *testing.T) {
 		{name: "PCI machine for VFIO", mod: func(c *VMConfig) {
 			c.Accel, c.PCI, c.MachineArgs = "kvm", true, []string{"-M", "q35,memory-backend=gpu-ram"}
 		}, want: []string{"-M q35,memory-backend=gpu-ram", "-cpu host,host-phys-bits=on", "virtio-blk-pci,drive=root", "virtio-serial-pci"},
-			notWant: []string{"microvm"}},
+			notWant: []string{"-M microvm"}},
 		{name: "PCI needs KVM", mod: func(c *VMConfig) { c.PCI = true }, wantErr: "needs KVM"},
 		{name: "newline in a path", mod: func(c *VMConfig) { c.RootDisk = "/a\nb" }, wantErr: "newline"},
 		{name: "space in a kernel word", mod: func(c *VMConfig) { c.Cmdline = []string{"a b"} }, wantErr: "whitespace"},
