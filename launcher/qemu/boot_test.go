@@ -179,3 +179,51 @@ func TestBootExecStop(t *testing.T) {
 		t.Logf("guest console:\n%s", con)
 	}
 }
+
+// TestBootFailsFast: a guest that cannot set itself up (here: a share whose
+// destination is a file in the image) fails Start with the guest's reason
+// within seconds, and leaves no VMM behind.
+func TestBootFailsFast(t *testing.T) {
+	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs", "busybox")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tmp := t.TempDir()
+	a, err := assets.Ensure(ctx, assets.Options{Agent: fixture.Agent(t), CacheDir: filepath.Join(tmp, "assets")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootfs := filepath.Join(tmp, "rootfs")
+	fixture.BusyboxRootfs(t, rootfs, "Fail Fast OS")
+	disk := filepath.Join(tmp, "root.erofs")
+	fixture.Erofs(t, rootfs, disk)
+	share, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer share.Close()
+	stateDir := filepath.Join(tmp, "state")
+	if err := os.Mkdir(stateDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	accel := qemu.DetectAccel()
+	d := qemu.New(qemu.Options{
+		Binary: "qemu-system-x86_64", Accel: accel, Kernel: a.Kernel, Initrd: a.Initrd,
+		Cmdline: assets.KernelCmdline(accel), BootTimeout: 90 * time.Second, StopGrace: 5 * time.Second,
+	})
+	t0 := time.Now()
+	sb, err := d.Start(ctx, driver.SandboxConfig{
+		ID: "fail", StateDir: stateDir, CPUs: 1, MemoryMiB: 256, OverlayMiB: 64, RootDisk: disk,
+		UID: 65534, GID: 65534, Shares: []driver.Share{{Dir: share, Destination: "/etc/os-release", ReadOnly: true}},
+	})
+	if err == nil {
+		_ = sb.Stop(ctx)
+		t.Fatal("Start succeeded with a share over a file")
+	}
+	if !strings.Contains(err.Error(), "/etc/os-release") {
+		t.Errorf("error %q does not name the destination", err)
+	}
+	if took := time.Since(t0); took > 30*time.Second {
+		t.Errorf("failed after %v: the guest's error must end the start at once", took)
+	}
+	t.Logf("failed in %v: %v", time.Since(t0), err)
+}

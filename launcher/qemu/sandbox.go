@@ -81,6 +81,9 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	}
 	hostEnd := os.NewFile(uintptr(fds[0]), "agent-host")
 	guestEnd := os.NewFile(uintptr(fds[1]), "agent-vmm")
+	// Closed right after QEMU started (it holds its own copy): while this
+	// process holds it too, the channel never reaches EOF when QEMU dies
+	// and a failed boot would wait on it.
 	defer guestEnd.Close()
 
 	// d.o.Cmdline (assets.KernelCmdline) carries the console, reboot and
@@ -165,6 +168,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		hostEnd.Close()
 		return nil, fmt.Errorf("start VMM %s: %w", d.o.Binary, err)
 	}
+	guestEnd.Close()
 	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts}
 	go func() {
 		s.waitErr = cmd.Wait()
@@ -279,6 +283,8 @@ func (s *sandbox) kill() {
 	_ = s.cmd.Process.Kill()
 	<-s.done
 	if s.sess != nil {
+		// QEMU is gone, so the channel is at EOF and the session's
+		// reader ends: Close does not wait.
 		s.sess.Close()
 	}
 }

@@ -89,14 +89,13 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 	if err := os.Symlink("pts/ptmx", ptmx); err != nil {
 		return "", fmt.Errorf("link /dev/ptmx: %w", err)
 	}
-	if err := os.Chmod(filepath.Join(rootDir, "tmp"), 0o1777); err != nil && !os.IsNotExist(err) {
-		return "", fmt.Errorf("chmod /tmp: %w", err)
+	// Go's os.Chmod takes os.ModeSticky, not the numeric 01000.
+	tmp := filepath.Join(rootDir, "tmp")
+	if err := os.Mkdir(tmp, 0o755); err != nil && !os.IsExist(err) {
+		return "", fmt.Errorf("create /tmp: %w", err)
 	}
-	if os.IsNotExist(statErr(filepath.Join(rootDir, "tmp"))) {
-		if err := os.Mkdir(filepath.Join(rootDir, "tmp"), 0o1777); err != nil {
-			return "", err
-		}
-		_ = os.Chmod(filepath.Join(rootDir, "tmp"), 0o1777)
+	if err := os.Chmod(tmp, os.ModeSticky|0o777); err != nil {
+		return "", fmt.Errorf("chmod /tmp: %w", err)
 	}
 	if len(req.Mounts) > 0 {
 		if err := mountShares(ctx, req.Mounts); err != nil {
@@ -116,10 +115,6 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 	return rootDir, nil
 }
 
-func statErr(p string) error {
-	_, err := os.Stat(p)
-	return err
-}
 
 // mountShares mounts the host's 9p shares, parents first. The 9p modules
 // are not in the boot set: they load now. Each destination is resolved
