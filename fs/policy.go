@@ -51,7 +51,14 @@ type Policy struct {
 // root, the kernel filesystems the agent mounts, and the agent's own
 // directory. "/" is refused only as itself; the others with everything
 // below them.
-var BuiltinRefusedDestinations = []string{"/", "/proc", "/sys", "/dev", "/run/microvm"}
+var BuiltinRefusedDestinations = append(slices.Clone(GuestReserved), "/run/slurm-microvm")
+
+// GuestReserved are the paths the guest agent itself owns: the root, the
+// kernel filesystems and its own directory. The agent refuses to mount
+// over them whatever the host asks; /run/slurm-microvm, refused to users
+// on top (BuiltinRefusedDestinations), is where the launcher shares the
+// host's MPI stack.
+var GuestReserved = []string{"/", "/proc", "/sys", "/dev", "/run/microvm"}
 
 // DefaultPolicy is the policy of a file without a [mounts] section: users may
 // mount their home directory read-only; nothing is writable but the step's
@@ -195,6 +202,11 @@ func (p Policy) refused(d string) string {
 			continue
 		}
 		if underOrAt(d, r) {
+			return r
+		}
+		// A mount above a refused path would hide it (a share on /run
+		// covers the agent's /run/microvm).
+		if d != "/" && underOrAt(r, d) {
 			return r
 		}
 	}

@@ -141,3 +141,16 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestRefusedAboveReserved(t *testing.T) {
+	u := User{Name: "u", UID: 1000, GID: 1000, Home: "/home/u"}
+	p := DefaultPolicy()
+	for _, d := range []string{"/run", "/run/microvm/x", "/run/slurm-microvm/mpi", "/proc/x"} {
+		if _, err := p.Plan(u, "/home/u:"+d, OptionName, ""); !errors.Is(err, ErrRefused) {
+			t.Errorf("destination %s: err %v, want ErrRefused", d, err)
+		}
+	}
+	if _, err := p.Plan(u, "/home/u:/runner", OptionName, ""); err != nil {
+		t.Errorf("/runner is not /run: %v", err)
+	}
+}

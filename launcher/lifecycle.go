@@ -182,6 +182,9 @@ func (l *Launcher) planGPUs(ctx context.Context, s *Spec, d state.Dir, memMiB ui
 		return nil, nil
 	}
 	c := l.Config
+	if err := checkAllocated(s.GPUs, c.GPU.GresConf); err != nil {
+		return nil, err
+	}
 	plan, err := gpu.NewPlan(ctx, gpu.Request{
 		StepGPUs: s.GPUs, GresConf: c.GPU.GresConf, NVML: gpunvml.New(),
 		AllowRebind: c.GPU.AllowRebind, GuestMemoryMiB: memMiB,
@@ -210,6 +213,62 @@ func (l *Launcher) planGPUs(ctx context.Context, s *Spec, d state.Dir, memMiB ui
 		return nil, fmt.Errorf("raise RLIMIT_MEMLOCK to %d MiB for VFIO: %w", lim>>20, err)
 	}
 	return args, nil
+}
+
+// checkAllocated verifies the step's GPUs against Slurm's own record of
+// the allocation. SLURM_STEP_GPUS reaches the plugin through the job's
+// environment, which the user can set (`SLURM_STEP_GPUS=0 srun ...`
+// without --gres); the step's devices cgroup (cgroup.conf
+// ConstrainDevices=yes) is what Slurm enforces. This process sits in it,
+// so opening a GPU's device file fails with EPERM unless the step owns it
+// (other errors, such as ENXIO without a driver, mean the cgroup let the
+// open through). If the cgroup lets through a GPU of the node that the
+// step did not ask for, devices are not constrained and nothing can be
+// verified: passthrough is refused.
+func checkAllocated(stepGPUs, gresConf string) error {
+	idx, err := gpu.ParseStepGPUs(stepGPUs)
+	if err != nil {
+		return err
+	}
+	host, _ := os.Hostname()
+	if i := strings.IndexByte(host, '.'); i > 0 {
+		host = host[:i]
+	}
+	gc, err := gpu.LoadGresConf(gresConf, host)
+	if err != nil {
+		return fmt.Errorf("GPUs %s: %w", stepGPUs, err)
+	}
+	asked := map[int]bool{}
+	for _, i := range idx {
+		asked[i] = true
+	}
+	allowed := func(dev gpu.GresDevice) (bool, string) {
+		files := dev.Files
+		if len(files) == 0 {
+			files = []string{dev.File}
+		}
+		for _, f := range files {
+			fd, err := unix.Open(f, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+			if err == nil {
+				unix.Close(fd)
+				continue
+			}
+			if errors.Is(err, unix.EPERM) {
+				return false, f
+			}
+		}
+		return true, ""
+	}
+	for _, dev := range gc.Devices {
+		ok, file := allowed(dev)
+		switch {
+		case asked[dev.Index] && !ok:
+			return fmt.Errorf("GPU %d (%s) is not allocated to this step: the step's devices cgroup denies %s (SLURM_STEP_GPUS=%s comes from the job's environment; ask for GPUs with --gres=gpu:N)", dev.Index, dev.Where(), file, stepGPUs)
+		case !asked[dev.Index] && ok:
+			return fmt.Errorf("GPUs %s: the step may open %s (GPU %d, not in the step): devices are not constrained, so the step's GPUs cannot be verified; set ConstrainDevices=yes in cgroup.conf", stepGPUs, dev.File, dev.Index)
+		}
+	}
+	return nil
 }
 
 // releaseGPUs gives the step's GPUs back (their drivers as before) once the

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/fs"
 )
@@ -341,6 +342,28 @@ func (c *Config) CheckHost(path string) error {
 	}
 	if fi, err := os.Stat(c.QEMU.Agent); err != nil || !fi.Mode().IsRegular() {
 		errs = append(errs, &Error{Path: path, Key: "qemu.agent", Msg: fmt.Sprintf("%q is not a file on this node (make install puts it there)", c.QEMU.Agent)})
+	}
+	for i, spec := range c.Mounts.Site {
+		if strings.Contains(spec, "$") {
+			continue // per user: checked when a step starts
+		}
+		ms, err := fs.Parse(fmt.Sprintf("mounts.site[%d]", i+1), spec)
+		if err != nil {
+			continue // reported by Parse already
+		}
+		for _, m := range ms {
+			if fi, err := os.Stat(m.Source); (err != nil || !fi.IsDir()) && !m.Optional {
+				errs = append(errs, &Error{Path: path, Key: fmt.Sprintf("mounts.site[%d]", i+1),
+					Msg: fmt.Sprintf("source %q is not a directory on this node; every step would be refused (mark it +optional if some nodes lack it)", m.Source)})
+			}
+		}
+	}
+	if b := c.Mounts.ScratchBase; b != "" && b != "/var/tmp/slurm-microvm-scratch" {
+		var st unix.Stat_t
+		if err := unix.Stat(b, &st); err == nil && (st.Uid != 0 || st.Mode&0o022 != 0) {
+			errs = append(errs, &Error{Path: path, Key: "mounts.scratch_base",
+				Msg: fmt.Sprintf("%q is owned by uid %d with mode %#o: use a directory of its own, owned by root and writable only by root (the launcher creates it when missing)", b, st.Uid, st.Mode&0o7777)})
+		}
 	}
 	if err := fs.CheckLocalStore("cache_dir", c.CacheDir); err != nil {
 		errs = append(errs, &Error{Path: path, Key: "cache_dir", Msg: err.Error()})

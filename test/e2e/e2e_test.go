@@ -284,6 +284,20 @@ func TestE2E(t *testing.T) {
 		if len(entries) > 0 {
 			t.Errorf("state left behind: %v", entries)
 		}
+		// SLURM_STEP_GPUS set by the user, without --gres: refused as
+		// not allocated (the step's devices cgroup is the record).
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		cmd, err := e.C.Command(ctx, "", "srun", img, "echo", "SHOULD-NOT-RUN")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Env = append(cmd.Env, "SLURM_STEP_GPUS=0")
+		var so, se bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &so, &se
+		if err := cmd.Run(); err == nil || strings.Contains(so.String(), "SHOULD-NOT-RUN") || !strings.Contains(se.String(), "not allocated to this step") {
+			t.Errorf("SLURM_STEP_GPUS=0 without --gres: err %v, stdout %q, stderr %q: want a refusal", err, so.String(), se.String())
+		}
 		// A step without GPUs on the same node is unaffected.
 		if out, _, code := e.Srun(t, "", img, "echo", "fine"); code != 0 || out != "fine\n" {
 			t.Errorf("plain step after the GPU failure: exit %d, %q", code, out)

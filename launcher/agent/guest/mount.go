@@ -126,7 +126,7 @@ func mountShares(ctx context.Context, mounts []*api.Mount) error {
 		return fmt.Errorf("load modules for host shares: %w", err)
 	}
 	for _, m := range mounts {
-		f, in, err := guestpath.Resolve(rootDir, m.Destination, guestpath.Options{Create: true, Refuse: fs.BuiltinRefusedDestinations})
+		f, in, err := guestpath.Resolve(rootDir, m.Destination, guestpath.Options{Create: true, Refuse: fs.GuestReserved})
 		if err != nil {
 			return fmt.Errorf("mount point %s: %w", m.Destination, err)
 		}
