@@ -19,6 +19,7 @@ func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio S
 	d := s.Dir(l.Config)
 	defer os.Remove(d.Root) // only when no other step uses it: nothing left behind
 	defer os.RemoveAll(d.Path())
+	defer l.Config.Mounts.RemoveScratch(s.ID.String())
 	if s.Debug {
 		// Runs before the removal above: show the guest console.
 		defer func() {

@@ -115,7 +115,6 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 	return rootDir, nil
 }
 
-
 // mountShares mounts the host's 9p shares, parents first. The 9p modules
 // are not in the boot set: they load now. Each destination is resolved
 // inside the root without following the image's symlinks out of it, and
