@@ -55,6 +55,18 @@ func (l *Launcher) planMPI(ctx context.Context, s *Spec, d state.Dir, disk strin
 	if err != nil {
 		return nil, fmt.Errorf("--microvm-mpi=%s: read the image: %w", mode, err)
 	}
+	// Most images carry no MPI: look at the image alone first and skip
+	// the host's discovery (a scan of every host library, ~50 ms).
+	if mode == "auto" {
+		if r, err := mpi.OpenRoot(root); err == nil {
+			st, err := mpi.Discover(ctx, r)
+			r.Close() // an open root keeps the mount busy
+			if err == nil && len(st.MPI) == 0 {
+				_ = cleanup()
+				return nil, nil
+			}
+		}
+	}
 	rep, err := mpi.Check(ctx, "/", root, mpi.CheckOptions{Mode: mpi.Mode(l.Config.MPI.Version), Logger: log})
 	_ = cleanup()
 	if err != nil {

@@ -41,7 +41,7 @@ const (
 
 // formatVersion changes whenever the layout or content rules of a cache
 // entry change, so old entries are not reused.
-const formatVersion = "slurm-microvm-assets/2"
+const formatVersion = "slurm-microvm-assets/3"
 
 // Options say what to build the guest boot pair from.
 type Options struct {
@@ -333,8 +333,16 @@ func buildInitrd(ctx context.Context, o Options, bz *BzImage, kdir, modDir strin
 	for _, e := range boot {
 		bootSet[e.Path] = true
 	}
+	// And what host shares need, when the kernel has it (optional).
+	shareSet := map[string]bool{}
+	if share, err := ix.Resolve(ShareModules, nil, log); err == nil {
+		for _, e := range share {
+			shareSet[e.Path] = true
+		}
+	}
 	for i := range entries {
 		entries[i].Boot = bootSet[entries[i].Path]
+		entries[i].Share = shareSet[entries[i].Path]
 	}
 	if err := checkStatic(o.Agent); err != nil {
 		return err

@@ -25,6 +25,10 @@ var DefaultModules = []string{
 	"vmw_vsock_virtio_transport", "vsock",
 }
 
+// ShareModules are what host shares need in the guest (QEMU's 9p over
+// virtio); their closure is flagged "share" in the order file.
+var ShareModules = []string{"9p", "9pnet_virtio"}
+
 // RequiredModules must exist (as a module or built in) for the guest to boot
 // at all: the console/control channel, the root disk and its filesystems.
 // Any other requested module that the kernel lacks is skipped with a debug log.

@@ -121,7 +121,7 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 // the mount goes onto the opened directory (/proc/self/fd/N), not onto a
 // path the image could redirect.
 func mountShares(ctx context.Context, mounts []*api.Mount) error {
-	if _, err := guestmod.Load(ctx, guestmod.Config{}); err != nil {
+	if _, err := guestmod.Load(ctx, guestmod.Config{ShareOnly: true}); err != nil {
 		return fmt.Errorf("load modules for host shares: %w", err)
 	}
 	for _, m := range mounts {

@@ -54,6 +54,10 @@ const FlagOptional = "optional"
 // module costs boot time (about 12 ms each, measured).
 const FlagBoot = "boot"
 
+// FlagShare marks the closure of the host-share modules (9p over virtio),
+// loaded when a step has host mounts.
+const FlagShare = "share"
+
 // Entry is one line of the order file.
 type Entry struct {
 	// Path is relative to /lib/modules/<release>, e.g. "kernel/fs/erofs/erofs.ko".
@@ -62,6 +66,8 @@ type Entry struct {
 	Optional bool `json:"optional,omitempty"`
 	// Boot is set for modules needed before the agent serves.
 	Boot bool `json:"boot,omitempty"`
+	// Share is set for modules host shares need (9p).
+	Share bool `json:"share,omitempty"`
 }
 
 // Name is the kernel's name for the module: the file name without ".ko",
@@ -96,6 +102,9 @@ func WriteOrder(w io.Writer, release string, entries []Entry) error {
 		if e.Boot {
 			line += " " + FlagBoot
 		}
+		if e.Share {
+			line += " " + FlagShare
+		}
 		fmt.Fprintln(bw, line)
 	}
 	return bw.Flush()
@@ -122,8 +131,10 @@ func ParseOrder(r io.Reader) ([]Entry, error) {
 				e.Optional = true
 			case FlagBoot:
 				e.Boot = true
+			case FlagShare:
+				e.Share = true
 			default:
-				return nil, fmt.Errorf("module order line %d: unknown flag %q (known: %s, %s)", n, flag, FlagOptional, FlagBoot)
+				return nil, fmt.Errorf("module order line %d: unknown flag %q (known: %s, %s, %s)", n, flag, FlagOptional, FlagBoot, FlagShare)
 			}
 		}
 		out = append(out, e)
@@ -155,6 +166,8 @@ type Config struct {
 	Release string
 	// BootOnly loads only the entries marked boot.
 	BootOnly bool
+	// ShareOnly loads only the entries marked share.
+	ShareOnly bool
 }
 
 // Result says what Load did, module names in load order.
@@ -206,7 +219,7 @@ func Load(ctx context.Context, c Config) (Result, error) {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("load modules: %w", err)
 		}
-		if c.BootOnly && !e.Boot {
+		if (c.BootOnly && !e.Boot) || (c.ShareOnly && !e.Share) {
 			continue
 		}
 		p := filepath.Join(dir, filepath.FromSlash(e.Path))
