@@ -380,6 +380,9 @@ func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
 	sup, supErr := state.ReadProc(d.File(state.SupervisorFile))
 	vmm, vmmErr := state.ReadProc(d.File(state.VMMPidFile))
 	if supErr == nil && sup.Alive() {
+		if err := state.WriteFileAtomic(d.File(state.StopFile), nil, 0o644); err != nil {
+			l.log().Warn("mark stop", "err", err)
+		}
 		_ = sup.Signal(unix.SIGTERM)
 		if !waitGone(ctx, sup, grace+2*time.Second) {
 			l.log().Warn("supervisor did not stop in time; killing it", "pid", sup.Pid)

@@ -218,9 +218,26 @@ func startCommand() *cli.Command {
 			s, err := launcher.ReadSpec(d.Path())
 			debug := c.Bool("debug") || (err == nil && s.Debug)
 			l := &launcher.Launcher{Config: cfg, Log: newLogger(logf, debug)}
-			ctx, stop := signal.NotifyContext(c.Context, unix.SIGTERM, unix.SIGINT)
+			// Only `slurm-microvm stop` ends the supervisor: it marks the
+			// state first. TERM or INT without the mark (sent to every
+			// process of the step, e.g. by a job's scancel) are the
+			// workload's, forwarded by the task; they are ignored here.
+			ctx, stop := context.WithCancel(c.Context)
 			defer stop()
 			signal.Ignore(unix.SIGHUP, unix.SIGPIPE)
+			sigs := make(chan os.Signal, 4)
+			signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
+			go func() {
+				for sig := range sigs {
+					if _, err := os.Stat(d.File(state.StopFile)); err == nil {
+						stop()
+						return
+					}
+					if l := logf; l != nil {
+						fmt.Fprintf(l, "ignoring %v: no stop was requested (the step's own signals go to its tasks)\n", sig)
+					}
+				}
+			}()
 			if err := l.Start(ctx, id); err != nil {
 				l.Log.Error("sandbox failed", "err", err)
 				return cli.Exit(err.Error(), 1)

@@ -35,6 +35,11 @@ const (
 	ControlSocket  = "control.sock"
 	ConsoleLog     = "console.log"
 	LauncherLog    = "launcher.log"
+	// StopFile is written (by root) before the supervisor is signalled to
+	// stop: signals that reach the whole step (a job's scancel under
+	// proctrack/cgroup) must not end the sandbox under a workload that is
+	// still handling them.
+	StopFile = "stop"
 )
 
 // StepID identifies one step of one job on this node. Restart is the job's
