@@ -225,28 +225,13 @@ func (s *Service) ChannelRead(ctx context.Context, req *api.ChannelReadRequest) 
 	if err != nil {
 		return nil, err
 	}
-	n := int(req.Len)
-	if n <= 0 || n > maxRead {
-		n = 64 << 10
-	}
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
-	buf := make([]byte, n)
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, status.FromContextError(err).Err()
-		}
-		_ = c.conn.SetReadDeadline(time.Now().Add(pollInterval))
-		k, err := c.conn.Read(buf)
-		if k > 0 {
-			return &api.ReadOutputResponse{Data: buf[:k]}, nil
-		}
-		if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-			continue
-		}
+	resp, err := readPolled(ctx, c.conn, req.Len, nil)
+	if err == nil && resp.Eof {
 		s.finish(req.Id, false)
-		return &api.ReadOutputResponse{Eof: true}, nil
 	}
+	return resp, err
 }
 
 func (s *Service) ChannelWrite(ctx context.Context, req *api.ChannelWriteRequest) (*api.WriteStdinResponse, error) {

@@ -378,38 +378,50 @@ func (s *Service) ReadOutput(ctx context.Context, req *api.ReadOutputRequest) (*
 	if f == nil {
 		return &api.ReadOutputResponse{Eof: true}, nil
 	}
-	n := int(req.Len)
-	if n <= 0 || n > maxRead {
-		n = 64 << 10
-	}
 	mu := &p.readMu[req.Stream&1]
 	mu.Lock()
 	defer mu.Unlock()
+	// Once the process is gone and nothing is buffered, its output ends:
+	// a background child may keep the pipe open, but the task's output
+	// ends with the task. EOF on a pipe, EIO on a pty master whose slave
+	// closed, end it too.
+	return readPolled(ctx, f, req.Len, p.exited)
+}
+
+// deadlineReader is a pollable *os.File or net.Conn.
+type deadlineReader interface {
+	Read([]byte) (int, error)
+	SetReadDeadline(time.Time) error
+}
+
+// readPolled blocks until r has data (at most len bytes, 64 KiB when 0,
+// never more than maxRead), r ends, ctx ends, or done is closed while
+// nothing is buffered; it wakes every pollInterval to look. A nil done
+// never ends the wait.
+func readPolled(ctx context.Context, r deadlineReader, length uint32, done <-chan struct{}) (*api.ReadOutputResponse, error) {
+	n := int(length)
+	if n <= 0 || n > maxRead {
+		n = 64 << 10
+	}
 	buf := make([]byte, n)
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, status.FromContextError(err).Err()
 		}
-		_ = f.SetReadDeadline(time.Now().Add(pollInterval))
-		k, err := f.Read(buf)
+		_ = r.SetReadDeadline(time.Now().Add(pollInterval))
+		k, err := r.Read(buf)
 		if k > 0 {
 			return &api.ReadOutputResponse{Data: buf[:k]}, nil
 		}
 		switch {
 		case err == nil:
-			continue
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			select {
-			case <-p.exited:
-				// The process is gone and nothing is buffered: a
-				// background child may keep the pipe open, but
-				// the task's output ends with the task.
+			case <-done:
 				return &api.ReadOutputResponse{Eof: true}, nil
 			default:
-				continue
 			}
 		default:
-			// EOF on a pipe, EIO on a pty master whose slave closed.
 			return &api.ReadOutputResponse{Eof: true}, nil
 		}
 	}
