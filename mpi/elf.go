@@ -312,22 +312,30 @@ func (r *Root) symbolString(real, name string) (_ string, ok bool) {
 		return "", false
 	}
 	defer done()
-	ds, err := ef.DynamicSymbols()
+	s, ok := definedSymbol(ef, name, elf.STT_OBJECT)
+	if !ok {
+		return "", false
+	}
+	b, err := readAt(ef, s.Value, 256)
 	if err != nil {
 		return "", false
 	}
-	for _, s := range ds {
-		if s.Name != name || s.Section == elf.SHN_UNDEF || elf.ST_TYPE(s.Info) != elf.STT_OBJECT {
-			continue
-		}
-		b, err := readAt(ef, s.Value, 256)
-		if err != nil {
-			return "", false
-		}
-		v := cString(b)
-		return v, printable(v)
+	v := cString(b)
+	return v, printable(v)
+}
+
+// definedSymbol finds the dynamic symbol name of type typ that ef defines.
+func definedSymbol(ef *elf.File, name string, typ elf.SymType) (elf.Symbol, bool) {
+	ds, err := ef.DynamicSymbols()
+	if err != nil {
+		return elf.Symbol{}, false
 	}
-	return "", false
+	for _, s := range ds {
+		if s.Name == name && s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == typ {
+			return s, true
+		}
+	}
+	return elf.Symbol{}, false
 }
 
 // returnedString decodes a function of the form `lea rax,[rip+d]; ret`
@@ -344,27 +352,21 @@ func (r *Root) returnedString(real, fn string) (_ string, ok bool) {
 		return "", false
 	}
 	defer done()
-	ds, err := ef.DynamicSymbols()
+	s, ok := definedSymbol(ef, fn, elf.STT_FUNC)
+	if !ok {
+		return "", false
+	}
+	code, err := readAt(ef, s.Value, 8)
+	if err != nil || len(code) < 8 || code[0] != 0x48 || code[1] != 0x8d || code[2] != 0x05 || code[7] != 0xc3 {
+		return "", false
+	}
+	disp := int32(binary.LittleEndian.Uint32(code[3:7]))
+	b, err := readAt(ef, uint64(int64(s.Value)+7+int64(disp)), 256)
 	if err != nil {
 		return "", false
 	}
-	for _, s := range ds {
-		if s.Name != fn || s.Section == elf.SHN_UNDEF || elf.ST_TYPE(s.Info) != elf.STT_FUNC {
-			continue
-		}
-		code, err := readAt(ef, s.Value, 8)
-		if err != nil || len(code) < 8 || code[0] != 0x48 || code[1] != 0x8d || code[2] != 0x05 || code[7] != 0xc3 {
-			return "", false
-		}
-		disp := int32(binary.LittleEndian.Uint32(code[3:7]))
-		b, err := readAt(ef, uint64(int64(s.Value)+7+int64(disp)), 256)
-		if err != nil {
-			return "", false
-		}
-		v := cString(b)
-		return v, printable(v) && v != ""
-	}
-	return "", false
+	v := cString(b)
+	return v, printable(v) && v != ""
 }
 
 func printable(s string) bool {
