@@ -72,7 +72,14 @@
 // module as --program to check it. Symbols checked: MPI_/PMPI_/MPIX_ names
 // and anything the replaced image MPI libraries define (Open MPI's
 // predefined handles such as ompi_mpi_comm_world are data symbols of
-// libmpi). Weak imports are exempt.
+// libmpi). Weak imports are exempt. Data objects that an executable takes
+// through COPY relocations (an mpicc-built program's MPI_COMM_WORLD is
+// ompi_mpi_comm_world, copied into the executable) look defined in its
+// dynamic symbol table; they are read as imports from the relocation
+// sections, and the injected definition must also have the size the
+// executable reserved. Alternative: trusting the symbol table (what nm -D
+// and a plain DynamicSymbols walk show) declared an Open MPI 4 program
+// safe under a library without its handles.
 //
 // Injection through LD_LIBRARY_PATH. The plan's files are shared
 // read-only into the guest under one directory (DefaultGuestDir, lib/
