@@ -46,29 +46,33 @@ func (l *Launcher) planMPI(ctx context.Context, s *Spec, d state.Dir, disk strin
 		return nil, nil
 	}
 	if mode == "auto" && os.Geteuid() != 0 {
-		// Without root the image disk can only be read by extracting
-		// it whole (seconds for a real image) at every start: auto
-		// injects only under Slurm, where the supervisor is root.
+		// Auto injects only under Slurm, where the supervisor is root and
+		// the cache's disks are readable: a plain `run` keeps the
+		// image's MPI unless asked.
 		return nil, nil
 	}
-	root, cleanup, err := mpi.OpenDisk(ctx, disk, mpi.DiskAuto)
+	// The disk is read in this process, never mounted (a mount would
+	// let every local user into the image while it lasts). A compressed
+	// disk is extracted into the step's state directory, which stop and
+	// gc remove even when this supervisor dies mid-check.
+	img, err := mpi.OpenDisk(ctx, disk, mpi.DiskOptions{WorkDir: d.Path()})
 	if err != nil {
 		return nil, fmt.Errorf("--microvm-mpi=%s: read the image: %w", mode, err)
 	}
+	defer img.Close()
 	// Most images carry no MPI: look at the image alone first and skip
 	// the host's discovery (a scan of every host library, ~50 ms).
 	if mode == "auto" {
-		if r, err := mpi.OpenRoot(root); err == nil {
-			st, err := mpi.Discover(ctx, r)
-			r.Close() // an open root keeps the mount busy
-			if err == nil && len(st.MPI) == 0 {
-				_ = cleanup()
-				return nil, nil
-			}
+		if st, err := mpi.Discover(ctx, img); err == nil && len(st.MPI) == 0 {
+			return nil, nil
 		}
 	}
-	rep, err := mpi.Check(ctx, "/", root, mpi.CheckOptions{Mode: mpi.Mode(l.Config.MPI.Version), Logger: log})
-	_ = cleanup()
+	host, err := mpi.OpenRoot("/")
+	if err != nil {
+		return nil, fmt.Errorf("--microvm-mpi=%s: %w", mode, err)
+	}
+	defer host.Close()
+	rep, err := mpi.CheckRoots(ctx, host, img, mpi.CheckOptions{Mode: mpi.Mode(l.Config.MPI.Version), Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("--microvm-mpi=%s: %w", mode, err)
 	}

@@ -429,7 +429,13 @@ func hasMPIPrefix(name string) bool {
 // and the other predefined-handle objects) must be defined by the
 // libraries the plan injects, with the same symbol version when the
 // import is versioned. Weak imports are exempt: a missing weak symbol
-// resolves to NULL by design.
+// resolves to NULL by design. A data object an executable takes through a
+// COPY relocation (mpicc-built programs take ompi_mpi_comm_world and the
+// other handles so) is an import too, although the executable's symbol
+// table shows it defined, and the injected definition must have the size
+// the executable reserved: ld.so copies the smaller of the two sizes and
+// the library then works on the executable's copy (glibc elf/dl-reloc:
+// "Symbol `%s' has different size in shared object, consider re-linking").
 func (c *checker) checkSymbols() error {
 	f := Finding{Component: CompSymbols, Host: c.hostMPI, Image: c.imgMPI, Rule: "ELF dynamic linking: every non-weak undefined symbol must be defined by a loaded object (System V ABI; debug/elf DynamicSymbols)"}
 	// The image's libraries the plan replaces, and what they define.
@@ -522,19 +528,22 @@ func (c *checker) checkSymbols() error {
 				continue
 			}
 			checked++
-			ok := false
+			s := im.Name
+			if im.Version != "" {
+				s += "@" + im.Version
+			}
+			var def *object
 			for _, ho := range hostObjs {
 				if ho.defines(im.Name, im.Version) {
-					ok = true
+					def = ho
 					break
 				}
 			}
-			if !ok {
-				s := im.Name
-				if im.Version != "" {
-					s += "@" + im.Version
-				}
+			switch {
+			case def == nil:
 				missing = append(missing, fmt.Sprintf("%s (imported by %s)", s, cs.name))
+			case im.Copy && def.sizes[im.Name] != im.Size:
+				missing = append(missing, fmt.Sprintf("%s (copied by %s: %d bytes, but %s defines %d)", s, cs.name, im.Size, def.name(), def.sizes[im.Name]))
 			}
 		}
 	}

@@ -337,3 +337,51 @@ func TestCheckUCXNewer(t *testing.T) {
 		t.Errorf("image UCX read as %q", f.Image.Version)
 	}
 }
+
+// TestCheckCopyRelocatedSymbol: a program built by the real mpicc takes
+// Open MPI's predefined handles (MPI_COMM_WORLD, MPI_SUM, ...) through
+// R_X86_64_COPY relocations, so they appear defined in its own dynamic
+// symbol table. A host library lacking one of them, or defining one with
+// another size than the program reserved, fails the symbol rule naming it;
+// the host's real Open MPI passes.
+func TestCheckCopyRelocatedSymbol(t *testing.T) {
+	root := ompiRoot(t)
+	install(t, root, buildHello(t, mpitest.OpenMPI), "/opt/app/mpi_hello")
+	for _, tt := range []struct {
+		name    string
+		cflags  []string // stub_ompi_nodata.c's; nil: the host's Open MPI
+		missing string   // prefix of the one missing entry; "": safe
+	}{
+		{"lacks ompi_mpi_op_sum", []string{}, "ompi_mpi_op_sum (imported by /opt/app/mpi_hello"},
+		{"smaller ompi_mpi_comm_world", []string{"-DWITH_OP_SUM", "-DCOMM_WORLD_SIZE=256"},
+			"ompi_mpi_comm_world (copied by /opt/app/mpi_hello: 512 bytes, but libmpi.so.40 defines 256)"},
+		{"host Open MPI", nil, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := CheckOptions{Program: "/opt/app/mpi_hello"}
+			if tt.cflags != nil {
+				dir := t.TempDir()
+				stub := filepath.Join(dir, "libmpi.so.40.30.4")
+				gcc(t, append(tt.cflags, "-shared", "-fPIC", "-Wl,-soname,libmpi.so.40", "-o", stub, "testdata/stub_ompi_nodata.c")...)
+				if err := os.Symlink("libmpi.so.40.30.4", filepath.Join(dir, "libmpi.so.40")); err != nil {
+					t.Fatal(err)
+				}
+				o.HostMPI = filepath.Join(dir, "libmpi.so.40")
+			}
+			rep := check(t, "/", root, o)
+			if tt.missing == "" {
+				if !rep.Safe {
+					t.Fatalf("not safe:\n%s", findings(rep))
+				}
+				return
+			}
+			if rep.Safe {
+				t.Fatalf("reported safe:\n%s", findings(rep))
+			}
+			f := wantFinding(t, rep, CompSymbols, VerdictFail, strings.Fields(tt.missing)[0])
+			if len(f.Missing) != 1 || !strings.HasPrefix(f.Missing[0], tt.missing) {
+				t.Errorf("missing = %q, want one entry %q", f.Missing, tt.missing)
+			}
+		})
+	}
+}

@@ -11,8 +11,8 @@
 //
 // `slurm-microvm mpi check --image IMG` (cmd/slurm-microvm/mpi.go) is
 // CheckImage: the image is prepared by launcher/image as for a step, its
-// erofs disk mounted read-only (root) or extracted (fsck.erofs --extract,
-// any user), and compared with the host.
+// erofs disk read in this process (OpenDisk, never mounted), and compared
+// with the host.
 //
 // # The rules (sources in the docstrings of check.go and version.go)
 //
@@ -61,8 +61,11 @@
 // same confinement. os.Root was the alternative: it reports absolute links
 // (usual in images: /lib64/ld-linux-x86-64.so.2) as escapes instead of
 // resolving them the way the guest will. Directory listings go through the
-// resolved path; the trees read are the host's own or a read-only mount
-// or private extraction of the image, so nothing swaps links under us.
+// resolved path; the trees read are the host's own, an image disk read
+// in-process or a private extraction of it, so nothing swaps links under
+// us. A Root reads through a small interface (lstat, readlink, open as an
+// io.ReaderAt, readdir) with two implementations: a host directory, and
+// an erofs disk.
 //
 // Which consumers are checked for symbols: the program (--program) and
 // every object in the image's library search directories that links the
@@ -72,7 +75,14 @@
 // module as --program to check it. Symbols checked: MPI_/PMPI_/MPIX_ names
 // and anything the replaced image MPI libraries define (Open MPI's
 // predefined handles such as ompi_mpi_comm_world are data symbols of
-// libmpi). Weak imports are exempt.
+// libmpi). Weak imports are exempt. Data objects that an executable takes
+// through COPY relocations (an mpicc-built program's MPI_COMM_WORLD is
+// ompi_mpi_comm_world, copied into the executable) look defined in its
+// dynamic symbol table; they are read as imports from the relocation
+// sections, and the injected definition must also have the size the
+// executable reserved. Alternative: trusting the symbol table (what nm -D
+// and a plain DynamicSymbols walk show) declared an Open MPI 4 program
+// safe under a library without its handles.
 //
 // Injection through LD_LIBRARY_PATH. The plan's files are shared
 // read-only into the guest under one directory (DefaultGuestDir, lib/
@@ -119,11 +129,29 @@
 // paths dangles in the guest, and hard links cannot cross filesystems. The
 // launcher may cache the copy per plan.
 //
-// Reading the image: a loop mount (ro,nosuid,nodev,noexec) as root costs
-// nothing and reads only what the check touches; fsck.erofs --extract
-// (erofs-utils 1.5 has it) copies the whole image but works for any user.
-// The host kernel then parses an erofs built by mkfs.erofs from a tree
-// launcher/image unpacked itself, not a filesystem the user supplied.
+// Reading the image: the disk is never mounted. OpenDisk reads it in
+// this process with github.com/erofs/go-erofs (pure Go, fuzzed, reads
+// mkfs.erofs output): directories, links and inodes through the reader,
+// file contents as an io.ReaderAt over the file's data ranges on the disk
+// (debug/elf reads only the headers and sections it needs), nothing
+// copied. Nothing is created on the host, so nothing is visible to other
+// users and nothing is left when the process dies. The reader has no
+// decompression: a disk made with mkfs.erofs -z (image prepare
+// --compression) is extracted with fsck.erofs --extract into a fresh 0700
+// directory under DiskOptions.WorkDir, which the launcher sets to the
+// step's state directory so that stop and gc remove it even after a
+// crash. Alternatives, and why not: the loop mount used before
+// (ro,nosuid,nodev,noexec on a 0700 directory in /tmp) let any local user
+// read another user's private image while it was mounted, because the
+// image's own root directory (0755) decides access past the mount point,
+// an fd opened meanwhile kept it after the lazy unmount, and a supervisor
+// killed mid-check left the mount and its loop device forever; a mount in
+// a private mount namespace of a child process hides the mount but not
+// the loop device (loop devices are global, readable by group disk), and
+// needs the whole check to run in that child; extracting every time costs
+// a copy of the image per step. The host kernel no longer parses the
+// image's filesystem for the check at all; the reader's panics on a
+// malformed disk are errors.
 //
 // Default mode full, not Sarus' major: a newer MPI library runs programs
 // built against an older one of the same ABI, not the reverse; a 5.0

@@ -30,7 +30,8 @@ type object struct {
 	symsDone bool
 	symsErr  error
 	defs     map[string][]string // defined name -> versions ("" when unversioned)
-	imports  []imported          // undefined, non-weak dynamic symbols
+	sizes    map[string]uint64   // defined data object name -> st_size (bytes)
+	imports  []imported          // undefined, non-weak dynamic symbols, and copy-relocated ones
 	verdefs  []string            // version names defined (not the BASE entry)
 	verneeds map[string][]string // needed file -> version names required from it
 }
@@ -40,6 +41,12 @@ type imported struct {
 	Name    string
 	Version string // "" when unversioned
 	Library string // the verneed file the version belongs to, when versioned
+	// Copy is set for a data object the executable holds a copy of (a
+	// COPY relocation): it looks defined in the executable's dynamic
+	// symbol table, but the loader fills it from the library that defines
+	// it, Size bytes (st_size).
+	Copy bool
+	Size uint64
 }
 
 // hostMachine is the ELF machine of the running process: only objects for
@@ -195,11 +202,22 @@ func (r *Root) syms(o *object) (err error) {
 		o.symsErr = fmt.Errorf("%s: dynamic symbols: %w", r.HostPath(o.path), err)
 		return o.symsErr
 	}
-	for _, s := range ds {
+	copied, err := copyRelocated(ef)
+	if err != nil {
+		o.symsErr = fmt.Errorf("%s: dynamic relocations: %w", r.HostPath(o.path), err)
+		return o.symsErr
+	}
+	o.sizes = map[string]uint64{}
+	for i, s := range ds {
 		if s.Name == "" {
 			continue
 		}
 		bind := elf.ST_BIND(s.Info)
+		if copied[i+1] && s.Section != elf.SHN_UNDEF {
+			// DynamicSymbols omits the null symbol: ds[i] is index i+1.
+			o.imports = append(o.imports, imported{Name: s.Name, Version: s.Version, Library: s.Library, Copy: true, Size: s.Size})
+			continue
+		}
 		if s.Section == elf.SHN_UNDEF {
 			if bind == elf.STB_GLOBAL {
 				o.imports = append(o.imports, imported{Name: s.Name, Version: s.Version, Library: s.Library})
@@ -213,6 +231,9 @@ func (r *Root) syms(o *object) (err error) {
 			continue
 		}
 		o.defs[s.Name] = append(o.defs[s.Name], s.Version)
+		if elf.ST_TYPE(s.Info) == elf.STT_OBJECT {
+			o.sizes[s.Name] = s.Size
+		}
 	}
 	if vds, err := ef.DynamicVersions(); err == nil {
 		for _, v := range vds {
@@ -230,6 +251,82 @@ func (r *Root) syms(o *object) (err error) {
 		}
 	}
 	return nil
+}
+
+// copyRelocType is the COPY relocation of each machine (System V ABI
+// processor supplements: R_X86_64_COPY, R_386_COPY, R_AARCH64_COPY,
+// R_PPC64_COPY, R_RISCV_COPY).
+var copyRelocType = map[elf.Machine]uint32{
+	elf.EM_X86_64:  uint32(elf.R_X86_64_COPY),
+	elf.EM_386:     uint32(elf.R_386_COPY),
+	elf.EM_AARCH64: uint32(elf.R_AARCH64_COPY),
+	elf.EM_PPC64:   uint32(elf.R_PPC64_COPY),
+	elf.EM_RISCV:   uint32(elf.R_RISCV_COPY),
+}
+
+// maxRelocSection bounds one relocation section read (libmpich.so.12's
+// .rela.dyn is about 100 KB).
+const maxRelocSection = 256 << 20
+
+// copyRelocated returns the dynamic symbol indexes (as in the file: 0 is
+// the null symbol) that a COPY relocation targets. Executables reach the
+// data objects of shared libraries that way (non-PIC code and x86-64 PIE
+// built by GCC >= 5): the linker reserves a copy in the executable and
+// gives it a defined symbol, and at load time ld.so copies the library's
+// object there (glibc elf/dl-reloc, R_X86_64_COPY), so the symbol is an
+// import of that library's, not a definition of the executable's.
+// Relocation sections are those of type SHT_RELA/SHT_REL linked to the
+// dynamic symbol table.
+func copyRelocated(ef *elf.File) (map[int]bool, error) {
+	typ, ok := copyRelocType[ef.Machine]
+	if !ok {
+		return nil, nil
+	}
+	dynsym := -1
+	for i, s := range ef.Sections {
+		if s.Type == elf.SHT_DYNSYM {
+			dynsym = i
+		}
+	}
+	out := map[int]bool{}
+	for _, s := range ef.Sections {
+		if (s.Type != elf.SHT_RELA && s.Type != elf.SHT_REL) || int(s.Link) != dynsym || dynsym < 0 {
+			continue
+		}
+		if s.Size > maxRelocSection {
+			return nil, fmt.Errorf("%s: %d bytes, more than the %d allowed", s.Name, s.Size, maxRelocSection)
+		}
+		b, err := s.Data()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		}
+		bo := ef.ByteOrder
+		switch {
+		case ef.Class == elf.ELFCLASS64:
+			n := 16 // Elf64_Rel: r_offset, r_info
+			if s.Type == elf.SHT_RELA {
+				n = 24 // Elf64_Rela adds r_addend
+			}
+			for ; len(b) >= n; b = b[n:] {
+				info := bo.Uint64(b[8:16])
+				if uint32(info) == typ {
+					out[int(info>>32)] = true
+				}
+			}
+		case ef.Class == elf.ELFCLASS32:
+			n := 8 // Elf32_Rel
+			if s.Type == elf.SHT_RELA {
+				n = 12
+			}
+			for ; len(b) >= n; b = b[n:] {
+				info := bo.Uint32(b[4:8])
+				if info&0xff == typ {
+					out[int(info>>8)] = true
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // defines reports whether the object exports name, with version ver when

@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
-	"time"
 
-	"golang.org/x/sys/unix"
+	erofs "github.com/erofs/go-erofs"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 )
@@ -18,77 +20,113 @@ import (
 // DiskAccess says how an erofs disk is read.
 type DiskAccess int
 
-// Ways to read a disk.
+// Ways to read a disk. None mounts it: a mounted image is reachable by
+// every local user through the mount point while it is mounted (its own
+// root directory, usually 0755, decides access) and by any descriptor
+// opened meanwhile, and a process killed mid-check leaves the mount and
+// its loop device behind.
 const (
-	// DiskAuto mounts when running as root, extracts otherwise.
+	// DiskAuto reads the disk in this process, and extracts it when the
+	// reader cannot (a disk compressed with mkfs.erofs -z).
 	DiskAuto DiskAccess = iota
-	// DiskMount loop-mounts the disk read-only (root only): instant, reads
-	// only what the check touches.
-	DiskMount
+	// DiskRead reads the disk's blocks in this process (package
+	// github.com/erofs/go-erofs): no mount, no loop device, no copy,
+	// nothing left if the process dies. Uncompressed disks only (what
+	// launcher/image builds unless told to compress).
+	DiskRead
 	// DiskExtract unpacks the whole disk with fsck.erofs --extract
-	// (erofs-utils >= 1.5): any user, costs a copy of the image.
+	// (erofs-utils >= 1.5) into a private directory (0700) under
+	// DiskOptions.WorkDir: any disk, costs a copy of the image.
 	DiskExtract
 )
 
-// OpenDisk makes the erofs disk readable as a directory and returns it with
-// a function that undoes it (unmount and remove, or remove the copy). The
-// mount is read-only, nosuid, nodev and noexec; the disk was built by
-// launcher/image from a tree it unpacked itself, so the host kernel parses
-// a filesystem made by mkfs.erofs, not one supplied by the user.
-func OpenDisk(ctx context.Context, disk string, how DiskAccess) (string, func() error, error) {
-	if how == DiskAuto {
-		how = DiskExtract
-		if os.Geteuid() == 0 {
-			how = DiskMount
-		}
-	}
-	dir, err := os.MkdirTemp("", "slurm-microvm-mpi-")
-	if err != nil {
-		return "", nil, fmt.Errorf("open disk %s: %w", disk, err)
-	}
-	switch how {
-	case DiskMount:
-		out, err := exec.CommandContext(ctx, "mount", "-t", "erofs", "-o", "ro,loop,nosuid,nodev,noexec", disk, dir).CombinedOutput()
-		if err != nil {
-			os.Remove(dir)
-			return "", nil, fmt.Errorf("mount %s on %s: %v: %s", disk, dir, err, strings.TrimSpace(string(out)))
-		}
-		return dir, func() error { return unmount(dir) }, nil
-	case DiskExtract:
-		root := filepath.Join(dir, "root")
-		out, err := exec.CommandContext(ctx, "fsck.erofs", "--extract="+root, disk).CombinedOutput()
-		if err != nil {
-			os.RemoveAll(dir)
-			return "", nil, fmt.Errorf("fsck.erofs --extract=%s %s: %v: %s", root, disk, err, strings.TrimSpace(string(out)))
-		}
-		return root, func() error { return removeAllWritable(dir) }, nil
-	}
-	os.Remove(dir)
-	return "", nil, fmt.Errorf("open disk %s: unknown access mode %d", disk, how)
+// DiskOptions tune OpenDisk.
+type DiskOptions struct {
+	// Access says how the disk is read (DiskAuto).
+	Access DiskAccess
+	// WorkDir is where an extraction goes (os.TempDir() when empty): a
+	// fresh 0700 directory "mpi-image-*" in it, removed by Root.Close. A
+	// caller that may be killed mid-check passes a directory that its own
+	// cleanup removes (the launcher: the step's state directory).
+	WorkDir string
 }
 
-// unmount detaches the mount at dir (retrying briefly while busy, then
-// lazily) and removes the directory.
-func unmount(dir string) error {
-	var err error
-	for i := 0; i < 10; i++ {
-		if err = unix.Unmount(dir, 0); err == nil || errors.Is(err, unix.EINVAL) {
-			break
-		}
-		if !errors.Is(err, unix.EBUSY) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+// OpenDisk opens the erofs disk at path disk as a Root, without mounting
+// it. Close releases it and removes anything made for it. Errors name the
+// disk; a disk the reader cannot read with DiskRead wraps
+// erofs.ErrNotImplemented (compressed) or fs.ErrInvalid (corrupt).
+func OpenDisk(ctx context.Context, disk string, o DiskOptions) (*Root, error) {
+	abs, err := filepath.Abs(disk)
+	if err != nil {
+		return nil, fmt.Errorf("open disk %s: %w", disk, err)
 	}
-	if err != nil && !errors.Is(err, unix.EINVAL) {
-		if derr := unix.Unmount(dir, unix.MNT_DETACH); derr != nil {
-			return fmt.Errorf("unmount %s: %w", dir, err)
+	if o.Access != DiskExtract {
+		r, err := readDisk(abs)
+		if err == nil || o.Access == DiskRead || !errors.Is(err, erofs.ErrNotImplemented) {
+			return r, err
 		}
 	}
-	if err := os.Remove(dir); err != nil {
-		return fmt.Errorf("remove mount point %s: %w", dir, err)
+	return extractDisk(ctx, abs, o.WorkDir)
+}
+
+// readDisk opens disk with the in-process erofs reader.
+func readDisk(disk string) (_ *Root, err error) {
+	f, err := os.Open(disk)
+	if err != nil {
+		return nil, fmt.Errorf("open disk %s: %w", disk, err)
 	}
-	return nil
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("read erofs disk %s: malformed: %v", disk, p)
+		}
+		if err != nil {
+			f.Close()
+		}
+	}()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("open disk %s: %w", disk, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("open disk %s: not a regular file", disk)
+	}
+	fsys, err := erofs.Open(f)
+	if err != nil {
+		return nil, fmt.Errorf("read erofs disk %s: %w", disk, err)
+	}
+	ef, ok := fsys.(erofsFS)
+	if !ok {
+		return nil, fmt.Errorf("read erofs disk %s: the reader lacks Lstat/ReadLink/ReadDir", disk)
+	}
+	t := &diskTree{name: disk, f: f, size: fi.Size(), fsys: ef}
+	// The loader configuration is read now: a disk whose very root
+	// cannot be read fails here, not as an empty image.
+	if _, err := t.lstat("/"); err != nil {
+		return nil, fmt.Errorf("read erofs disk %s: %w", disk, err)
+	}
+	return rootOf(disk, t), nil
+}
+
+// extractDisk unpacks disk into a private directory under work.
+func extractDisk(ctx context.Context, disk, work string) (*Root, error) {
+	dir, err := os.MkdirTemp(work, "mpi-image-")
+	if err != nil {
+		return nil, fmt.Errorf("extract disk %s: %w", disk, err)
+	}
+	remove := func() error { return removeAllWritable(dir) }
+	root := filepath.Join(dir, "root")
+	out, err := exec.CommandContext(ctx, "fsck.erofs", "--extract="+root, disk).CombinedOutput()
+	if err != nil {
+		_ = remove()
+		return nil, fmt.Errorf("fsck.erofs --extract=%s %s: %v: %s", root, disk, err, strings.TrimSpace(string(out)))
+	}
+	r, err := OpenRoot(root)
+	if err != nil {
+		_ = remove()
+		return nil, err
+	}
+	r.done = remove
+	return r, nil
 }
 
 // removeAllWritable removes an extracted tree, first making its
@@ -100,7 +138,172 @@ func removeAllWritable(dir string) error {
 		}
 		return nil
 	})
-	return os.RemoveAll(dir)
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove extracted image %s: %w", dir, err)
+	}
+	return nil
+}
+
+// erofsFS is what the go-erofs reader offers beyond fs.FS.
+type erofsFS interface {
+	fs.ReadLinkFS
+	fs.ReadDirFS
+}
+
+// diskTree is an erofs disk read by go-erofs. Paths are handed to the
+// reader relative to the image's root; the reader resolves links against
+// that root itself (absolute targets from the root, ".." stopping there).
+type diskTree struct {
+	name string // the disk's path
+	f    *os.File
+	size int64
+	fsys erofsFS
+}
+
+// maxInMemory bounds a file that has no direct block mapping and is read
+// whole instead.
+const maxInMemory = 64 << 20
+
+func rel(p string) string {
+	p = strings.TrimLeft(path.Clean("/"+p), "/")
+	if p == "" {
+		return "."
+	}
+	return p
+}
+
+// guard turns a panic of the reader on a malformed disk into an error.
+func (t *diskTree) guard(op, p string, err *error) {
+	if v := recover(); v != nil {
+		*err = &fs.PathError{Op: op, Path: t.name + ":" + p, Err: fmt.Errorf("malformed erofs disk: %v", v)}
+	}
+}
+
+func (t *diskTree) lstat(p string) (_ fs.FileInfo, err error) {
+	defer t.guard("lstat", p, &err)
+	return t.fsys.Lstat(rel(p))
+}
+
+func (t *diskTree) readlink(p string) (_ string, err error) {
+	defer t.guard("readlink", p, &err)
+	return t.fsys.ReadLink(rel(p))
+}
+
+func (t *diskTree) readDir(p string) (_ []fs.DirEntry, err error) {
+	defer t.guard("readdir", p, &err)
+	return t.fsys.ReadDir(rel(p))
+}
+
+func (t *diskTree) close() error { return t.f.Close() }
+
+// open returns a view of the file's bytes on the disk (its data ranges),
+// or, for a file without a direct mapping, its contents read whole.
+func (t *diskTree) open(p string) (_ File, err error) {
+	defer t.guard("open", p, &err)
+	name := filepath.Join(t.name, filepath.FromSlash(p))
+	f, err := t.fsys.Open(rel(p))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, &fs.PathError{Op: "stat", Path: name, Err: err}
+	}
+	df := &diskFile{name: name, fi: fi, disk: t.f, diskSize: t.size}
+	if !fi.Mode().IsRegular() || fi.Size() == 0 {
+		return df, nil
+	}
+	if dr, ok := fi.(interface{ DataRange() []erofs.DataRange }); ok {
+		if rs := dr.DataRange(); validRanges(rs, fi.Size(), t.size) {
+			df.ranges = rs
+			return df, nil
+		}
+	}
+	if fi.Size() > maxInMemory {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fmt.Errorf("%d bytes without a direct block mapping, more than the %d read whole", fi.Size(), maxInMemory)}
+	}
+	b := make([]byte, fi.Size())
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, &fs.PathError{Op: "read", Path: name, Err: err}
+	}
+	df.data = b
+	return df, nil
+}
+
+// validRanges reports whether rs covers a file of size bytes exactly, each
+// range on the disk itself (device 0) and inside it, or a hole.
+func validRanges(rs []erofs.DataRange, size, diskSize int64) bool {
+	var sum int64
+	for _, r := range rs {
+		if r.Size < 0 || (r.Offset >= 0 && (r.Device != 0 || r.Offset+r.Size > diskSize)) {
+			return false
+		}
+		sum += r.Size
+	}
+	return len(rs) > 0 && sum == size
+}
+
+// diskFile is an open file of a diskTree.
+type diskFile struct {
+	name     string
+	fi       fs.FileInfo
+	disk     io.ReaderAt
+	diskSize int64
+	ranges   []erofs.DataRange // the file's bytes in order (Offset -1: a hole)
+	data     []byte            // or its contents, when it has no ranges
+}
+
+func (f *diskFile) Name() string               { return f.name }
+func (f *diskFile) Stat() (fs.FileInfo, error) { return f.fi, nil }
+func (f *diskFile) Close() error               { return nil }
+
+// ReadAt reads len(p) bytes of the file at off, as io.ReaderAt says.
+func (f *diskFile) ReadAt(p []byte, off int64) (int, error) {
+	if !f.fi.Mode().IsRegular() {
+		return 0, &fs.PathError{Op: "read", Path: f.name, Err: errors.New("not a regular file")}
+	}
+	if off < 0 {
+		return 0, &fs.PathError{Op: "read", Path: f.name, Err: fs.ErrInvalid}
+	}
+	if f.data != nil || len(f.ranges) == 0 {
+		if off >= int64(len(f.data)) {
+			return 0, io.EOF
+		}
+		n := copy(p, f.data[off:])
+		if n < len(p) {
+			return n, io.EOF
+		}
+		return n, nil
+	}
+	n := 0
+	var pos int64
+	for _, r := range f.ranges {
+		if len(p) == 0 {
+			break
+		}
+		end := pos + r.Size
+		if off < end {
+			skip := off - pos
+			m := min(int64(len(p)), r.Size-skip)
+			if r.Offset < 0 {
+				clear(p[:m])
+			} else if k, err := f.disk.ReadAt(p[:m], r.Offset+skip); int64(k) != m {
+				if err == nil || err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return n + k, &fs.PathError{Op: "read", Path: f.name, Err: err}
+			}
+			p = p[m:]
+			n += int(m)
+			off += m
+		}
+		pos = end
+	}
+	if len(p) > 0 {
+		return n, io.EOF
+	}
+	return n, nil
 }
 
 // ImageCheckOptions tune CheckImage.
@@ -110,28 +313,34 @@ type ImageCheckOptions struct {
 	HostRoot string
 	// Image says whose image it is and where it is cached (image.Prepare).
 	Image image.Options
-	// Access says how the prepared disk is read (DiskAuto).
-	Access DiskAccess
+	// Disk says how the prepared disk is read.
+	Disk DiskOptions
 }
 
 // CheckImage prepares image reference ref with launcher/image (converting it
-// on first use, as a step would), opens its disk and runs Check against
-// the host. Report.Image is set to ref.
+// on first use, as a step would), opens its disk (OpenDisk) and runs Check
+// against the host. Report.Image is set to ref; Report.ImageRoot is the
+// disk, or the extraction that was removed.
 func CheckImage(ctx context.Context, ref string, o ImageCheckOptions) (*Report, error) {
 	img, err := image.Prepare(ctx, ref, o.Image)
 	if err != nil {
 		return nil, err
 	}
-	root, done, err := OpenDisk(ctx, img.Disk, o.Access)
+	r, err := OpenDisk(ctx, img.Disk, o.Disk)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = done() }()
+	defer r.Close()
 	host := o.HostRoot
 	if host == "" {
 		host = "/"
 	}
-	rep, err := Check(ctx, host, root, o.CheckOptions)
+	h, err := OpenRoot(host)
+	if err != nil {
+		return nil, fmt.Errorf("mpi check: host %w", err)
+	}
+	defer h.Close()
+	rep, err := CheckRoots(ctx, h, r, o.CheckOptions)
 	if err != nil {
 		return nil, err
 	}

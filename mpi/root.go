@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -29,15 +30,18 @@ var defaultLibDirs = []string{
 	"/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib",
 }
 
-// Root is a directory tree seen as a root filesystem of its own: the host
-// ("/") or an unpacked or mounted image. Every path a Root takes or returns
-// is absolute *inside* the root; symlinks are followed inside it, so an
-// absolute link target /x means ROOT/x and ".." stops at ROOT. Nothing under
-// a Root is ever read through a path that leaves it.
+// Root is a tree seen as a root filesystem of its own: a host directory
+// (the host's "/", an unpacked image) or an image's erofs disk read in
+// this process (OpenDisk). Every path a Root takes or returns is absolute
+// *inside* the root; symlinks are followed inside it, so an absolute link
+// target /x means ROOT/x and ".." stops at ROOT. Nothing under a Root is
+// ever read through a path that leaves it.
 type Root struct {
-	// Dir is the host path of the root directory.
-	Dir string
-	fd  int // O_PATH descriptor of Dir, for openat2(RESOLVE_IN_ROOT)
+	// Dir is the host path of the root directory, or of the disk file for
+	// a root read from a disk.
+	Dir  string
+	tree tree         // where the files are read from
+	done func() error // run by Close after the tree is closed (removes an extraction)
 
 	dirs    []string            // library search directories (ld.so.conf, defaults)
 	cache   map[string][]string // soname -> paths, from ld.so.cache, cache order
@@ -57,7 +61,13 @@ func OpenRoot(dir string) (*Root, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open root %s: %w", abs, err)
 	}
-	r := &Root{Dir: abs, fd: fd, objects: map[string]*object{}, machine: hostMachine()}
+	return rootOf(abs, &dirTree{dir: abs, fd: fd}), nil
+}
+
+// rootOf makes a Root of tree t (named dir) and reads its loader
+// configuration.
+func rootOf(dir string, t tree) *Root {
+	r := &Root{Dir: dir, tree: t, objects: map[string]*object{}, machine: hostMachine()}
 	if b, err := r.ReadFile("/etc/ld.so.cache", 64<<20); err == nil {
 		entries, perr := parseLDCache(b, cacheFlagsFor(runtime.GOARCH))
 		if perr == nil {
@@ -80,20 +90,30 @@ func OpenRoot(dir string) (*Root, error) {
 			r.dirs = append(r.dirs, d)
 		}
 	}
-	return r, nil
+	return r
 }
 
-// Close releases the root's directory descriptor.
+// Close releases what the root holds (a directory descriptor, the disk
+// file) and removes what opening it made (OpenDisk's extraction). A
+// second Close does nothing.
 func (r *Root) Close() error {
-	if r.fd < 0 {
+	if r.tree == nil {
 		return nil
 	}
-	err := unix.Close(r.fd)
-	r.fd = -1
+	err := r.tree.close()
+	r.tree = nil
+	if r.done != nil {
+		if derr := r.done(); err == nil {
+			err = derr
+		}
+		r.done = nil
+	}
 	return err
 }
 
-// HostPath is the host path of in-root path p (no symlink resolution).
+// HostPath is the host path of in-root path p (no symlink resolution);
+// for a root read from a disk, the disk's path followed by p, which names
+// no host file.
 func (r *Root) HostPath(p string) string {
 	return filepath.Join(r.Dir, filepath.FromSlash(path.Clean("/"+p)))
 }
@@ -125,7 +145,7 @@ func (r *Root) resolveChain(p string) (links []string, real string, err error) {
 			continue
 		}
 		next := path.Join(cur, c)
-		fi, err := os.Lstat(r.HostPath(next))
+		fi, err := r.tree.lstat(next)
 		if err != nil {
 			return nil, "", fmt.Errorf("resolve %s in %s: %w", p, r.Dir, err)
 		}
@@ -140,7 +160,7 @@ func (r *Root) resolveChain(p string) (links []string, real string, err error) {
 		if hops > maxLinks {
 			return nil, "", fmt.Errorf("resolve %s in %s: %w", p, r.Dir, unix.ELOOP)
 		}
-		t, err := os.Readlink(r.HostPath(next))
+		t, err := r.tree.readlink(next)
 		if err != nil {
 			return nil, "", fmt.Errorf("resolve %s in %s: %w", p, r.Dir, err)
 		}
@@ -157,22 +177,62 @@ func (r *Root) resolveChain(p string) (links []string, real string, err error) {
 
 func splitPath(p string) []string { return strings.Split(p, "/") }
 
-// Open opens in-root path p read-only. The path is resolved by the kernel
-// with RESOLVE_IN_ROOT, so no link can lead outside the root even if the
-// tree changes between Resolve and Open.
-func (r *Root) Open(p string) (*os.File, error) {
+// File is an open file of a Root: *os.File for a directory root, a view
+// of the disk's blocks for a disk root. Name is its HostPath.
+type File interface {
+	io.ReaderAt
+	io.Closer
+	Stat() (fs.FileInfo, error)
+	Name() string
+}
+
+// tree is what a Root reads files from. Paths are in-root, absolute and
+// clean; lstat and readlink get paths whose every component but the last
+// is a directory (Resolve walks one component at a time); open follows
+// links confined to the root.
+type tree interface {
+	lstat(p string) (fs.FileInfo, error)
+	readlink(p string) (string, error)
+	open(p string) (File, error)
+	readDir(p string) ([]fs.DirEntry, error)
+	close() error
+}
+
+// dirTree is a host directory, read through an O_PATH descriptor of it.
+type dirTree struct {
+	dir string
+	fd  int
+}
+
+func (t *dirTree) host(p string) string {
+	return filepath.Join(t.dir, filepath.FromSlash(path.Clean("/"+p)))
+}
+
+func (t *dirTree) lstat(p string) (fs.FileInfo, error)     { return os.Lstat(t.host(p)) }
+func (t *dirTree) readlink(p string) (string, error)       { return os.Readlink(t.host(p)) }
+func (t *dirTree) readDir(p string) ([]fs.DirEntry, error) { return os.ReadDir(t.host(p)) }
+func (t *dirTree) close() error                            { return unix.Close(t.fd) }
+
+// open resolves p in the kernel with RESOLVE_IN_ROOT, so no link can lead
+// outside the root even if the tree changes between Resolve and Open.
+func (t *dirTree) open(p string) (File, error) {
 	rel := strings.TrimLeft(path.Clean("/"+p), "/")
 	if rel == "" {
 		rel = "."
 	}
-	fd, err := unix.Openat2(r.fd, rel, &unix.OpenHow{
+	fd, err := unix.Openat2(t.fd, rel, &unix.OpenHow{
 		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOCTTY,
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: r.HostPath(p), Err: err}
+		return nil, &fs.PathError{Op: "open", Path: t.host(p), Err: err}
 	}
-	return os.NewFile(uintptr(fd), r.HostPath(p)), nil
+	return os.NewFile(uintptr(fd), t.host(p)), nil
+}
+
+// Open opens in-root path p read-only, following links inside the root.
+func (r *Root) Open(p string) (File, error) {
+	return r.tree.open(path.Clean("/" + p))
 }
 
 // ReadFile reads in-root file p, refusing files larger than max bytes.
@@ -206,7 +266,7 @@ func (r *Root) ReadDir(p string) ([]fs.DirEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return os.ReadDir(r.HostPath(real))
+	return r.tree.readDir(real)
 }
 
 // ldSoConf returns the directories listed by ld.so.conf file p and its

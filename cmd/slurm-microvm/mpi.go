@@ -35,7 +35,7 @@ func mpiCommand() *cli.Command {
 				&cli.StringFlag{Name: "mode", Value: string(mpi.DefaultMode), Usage: "MPI version rule: major, full (host minor >= image minor) or strict (equal minors)"},
 				&cli.StringFlag{Name: "program", Usage: "the step's program: a path inside the image, else on the host; its MPI imports are checked too"},
 				&cli.StringFlag{Name: "host-mpi", Usage: "host MPI library to inject (default: the host's library of the image's MPI family)"},
-				&cli.StringFlag{Name: "access", Value: "auto", Usage: "how to read the prepared disk: auto, mount (root) or extract (fsck.erofs)"},
+				&cli.StringFlag{Name: "access", Value: "auto", Usage: "how to read the prepared disk: auto (read, else extract), read (in this process, no mount) or extract (fsck.erofs, a private copy)"},
 				&cli.BoolFlag{Name: "insecure", Usage: "allow plain http to a registry on a loopback address"},
 				&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
 			},
@@ -56,10 +56,13 @@ func mpiCheck(c *cli.Context) error {
 	if (ref == "") == (dir == "") {
 		return cli.Exit("mpi check: give exactly one of --image IMG or --image-root DIR", 2)
 	}
-	access := map[string]mpi.DiskAccess{"auto": mpi.DiskAuto, "mount": mpi.DiskMount, "extract": mpi.DiskExtract}
+	access := map[string]mpi.DiskAccess{"auto": mpi.DiskAuto, "read": mpi.DiskRead, "extract": mpi.DiskExtract}
 	acc, ok := access[c.String("access")]
+	if c.String("access") == "mount" {
+		return cli.Exit("mpi check: --access mount: no longer offered (a mounted image is open to every local user while mounted); use read, which reads the disk without mounting it", 2)
+	}
 	if !ok {
-		return cli.Exit(fmt.Sprintf("mpi check: --access %q: want auto, mount or extract", c.String("access")), 2)
+		return cli.Exit(fmt.Sprintf("mpi check: --access %q: want auto, read or extract", c.String("access")), 2)
 	}
 	level := slog.LevelWarn
 	if c.Bool("debug") {
@@ -89,7 +92,7 @@ func mpiCheck(c *cli.Context) error {
 		for _, g := range gs {
 			io.Groups = append(io.Groups, uint32(g))
 		}
-		rep, err = mpi.CheckImage(c.Context, ref, mpi.ImageCheckOptions{CheckOptions: co, HostRoot: c.String("host-root"), Image: io, Access: acc})
+		rep, err = mpi.CheckImage(c.Context, ref, mpi.ImageCheckOptions{CheckOptions: co, HostRoot: c.String("host-root"), Image: io, Disk: mpi.DiskOptions{Access: acc}})
 	}
 	if err != nil {
 		var ie *image.Error
