@@ -39,7 +39,7 @@ func TestCheckScratchBase(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Chmod(sticky, 0o1777); err != nil {
+	if err := os.Chmod(sticky, os.ModeSticky|0o777); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chown(userOwned, int(testUID), int(testGID)); err != nil {
