@@ -18,7 +18,7 @@ import (
 //	allowed = ["/lustre", "/gpfs", "$HOME", "/scratch/$USER"]
 //	writable = ["$HOME", "/scratch/$USER"]
 //	refused_destinations = ["/opt/site"]
-//	scratch_base = "/var/tmp/slurm-microvm-scratch"
+//	scratch_base = "/var/lib/slurm-microvm/scratch"
 //	scratch_destination = "/scratch"
 //	keep_scratch = false
 //
@@ -68,7 +68,7 @@ var GuestReserved = []string{"/", "/proc", "/sys", "/dev", "/run/microvm"}
 func DefaultPolicy() Policy {
 	return Policy{
 		Allowed:            []string{"$HOME"},
-		ScratchBase:        "/var/tmp/slurm-microvm-scratch",
+		ScratchBase:        "/var/lib/slurm-microvm/scratch",
 		ScratchDestination: "/scratch",
 	}
 }

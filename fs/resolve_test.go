@@ -224,7 +224,7 @@ func TestResolveScratch(t *testing.T) {
 	root := hostTree(t)
 	u := testUser
 	u.Home = filepath.Join(root, "home")
-	base := filepath.Join(root, "scratch-base")
+	base := filepath.Join(rootOnlyDir(t), "scratch-base")
 	p := Policy{ScratchBase: base, ScratchDestination: "/scratch", Allowed: []string{filepath.Join(root, "gpfs")}}
 	tbl, err := p.Resolve(context.Background(), Request{User: u, Step: "42.0.0", Mounts: filepath.Join(root, "gpfs/d") + ":/scratch/data"})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,15 +38,67 @@ func (p Policy) ScratchDir(step string) (string, error) {
 	return filepath.Join(p.ScratchBase, step), nil
 }
 
+// CheckScratchBase checks the rule CreateScratch enforces on base: the
+// base, if it exists, is a real directory owned by root and writable by
+// nobody else, and so is every existing parent (after resolving symlinks),
+// sticky or not. In a base users can write (say /tmp itself) a user could
+// plant a symlink for another step's name; under a parent users can write
+// (/var/tmp, sticky or not) a user could create the base first and make
+// every step of the node fail. `config check` and every step start run it.
+func CheckScratchBase(base string) error {
+	base = filepath.Clean(base)
+	var st unix.Stat_t
+	switch err := unix.Lstat(base, &st); {
+	case err == nil:
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return fmt.Errorf("scratch base %s is not a directory (mode %#o; a symlink is refused): use a directory of its own", base, st.Mode)
+		}
+		if st.Uid != 0 || st.Mode&0o022 != 0 {
+			return fmt.Errorf("scratch base %s is owned by uid %d with mode %#o: it must be owned by root and writable only by root (chown root %s; chmod go-w %s)",
+				base, st.Uid, st.Mode&0o7777, base, base)
+		}
+	case !errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("scratch base %s: %w", base, err)
+	}
+	// The nearest existing parent and everything above it.
+	p := filepath.Dir(base)
+	for {
+		if _, err := os.Lstat(p); err == nil || p == "/" {
+			break
+		}
+		p = filepath.Dir(p)
+	}
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return fmt.Errorf("scratch base %s: resolve %s: %w", base, p, err)
+	}
+	for q := real; ; q = filepath.Dir(q) {
+		if err := unix.Stat(q, &st); err != nil {
+			return fmt.Errorf("scratch base %s: %w", base, err)
+		}
+		if st.Uid != 0 || st.Mode&0o022 != 0 {
+			return fmt.Errorf("scratch base %s: its parent %s is owned by uid %d with mode %#o, so another user could create or replace the base before the launcher does; put the base where only root can write every parent (default /var/lib/slurm-microvm/scratch)",
+				base, q, st.Uid, st.Mode&0o7777)
+		}
+		if q == "/" {
+			return nil
+		}
+	}
+}
+
 // CreateScratch creates the step's scratch directory (mode 0700, owned by
 // u's uid and gid) and returns its path; "" when scratch is off. The base
-// directory is created root-owned 0755 when missing and must be a real
-// directory owned by root and writable by nobody else: in a base that users
-// can write (say /tmp itself) a user could plant a symlink for another
-// step's name. The step's directory is made with mkdirat and chowned with
-// fchownat(AT_SYMLINK_NOFOLLOW) relative to the opened base, so no name is
-// resolved twice. An existing directory of that name (a retried start)
-// is reused if it is a directory, never followed if it is a symlink.
+// directory is created root-owned 0755 when missing and must pass
+// CheckScratchBase. The step's directory is made with mkdirat and chowned
+// with fchownat(AT_SYMLINK_NOFOLLOW) relative to the opened base, so no name
+// is resolved twice.
+//
+// An existing entry of the step's name is never reused: job ids repeat
+// (a reset controller, a wrapped counter) and, with keep_scratch, the
+// directory there is an earlier job's, maybe another user's. It is renamed
+// aside to "<step>.old-<unix nanoseconds>" (kept for its owner and the
+// admin with keep_scratch, removed otherwise: it is a crashed stop's
+// leftover) and a new directory is made.
 //
 // Root must be able to create and chown in the base: on a root-squashed
 // NFS export it cannot (use a local disk or a Lustre/GPFS tree without root
@@ -56,6 +109,9 @@ func (p Policy) CreateScratch(u User, step string) (string, error) {
 		return "", err
 	}
 	base := filepath.Clean(p.ScratchBase)
+	if err := CheckScratchBase(base); err != nil {
+		return "", err
+	}
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return "", fmt.Errorf("scratch base %s: %w", base, err)
 	}
@@ -74,14 +130,16 @@ func (p Policy) CreateScratch(u User, step string) (string, error) {
 	}
 	err = unix.Mkdirat(bfd, step, 0o700)
 	if errors.Is(err, unix.EEXIST) {
-		var es unix.Stat_t
-		if err := unix.Fstatat(bfd, step, &es, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return "", fmt.Errorf("scratch directory %s: %w", dir, err)
+		old := fmt.Sprintf("%s.old-%d", step, time.Now().UnixNano())
+		if err := unix.Renameat2(bfd, step, bfd, old, unix.RENAME_NOREPLACE); err != nil {
+			return "", fmt.Errorf("scratch directory %s exists and cannot be moved aside: %w", dir, err)
 		}
-		if es.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return "", fmt.Errorf("scratch directory %s exists and is not a directory", dir)
+		if !p.KeepScratch {
+			if err := os.RemoveAll(filepath.Join(base, old)); err != nil {
+				return "", fmt.Errorf("remove the earlier scratch directory %s: %w", filepath.Join(base, old), err)
+			}
 		}
-		err = nil
+		err = unix.Mkdirat(bfd, step, 0o700)
 	}
 	if err != nil {
 		return "", fmt.Errorf("create scratch directory %s: %w", dir, err)

@@ -15,6 +15,24 @@
 //   - Guest memory = the step's memory allocation minus a configured VMM
 //     overhead, because the VMM runs in the step's memory cgroup: an
 //     oversized guest would be OOM-killed by Slurm as the task's OOM.
+//   - Stop wins every race with start. Stop first writes the step's stop
+//     record (<runtime_dir>/stopped/<id>, which outlives the state) and,
+//     under the step's flock, the stop marker; the supervisor records
+//     itself under the same lock only when neither exists, and checks
+//     again before each phase that leaves something on the host (GPU
+//     binding, scratch, image conversion, MPI check, boot, ready).
+//     So stop either finds the supervisor's record and signals it, or the
+//     supervisor finds the mark and never begins; a late prepare is
+//     refused too. Alternative: only signalling what the records name, as
+//     before; a supervisor that had not recorded itself yet then went on
+//     (recreated scratch, converted the image) until the epilog's gc.
+//   - The supervisor's log goes to two files: launcher.log in the step's
+//     state (the user's, for --microvm-debug; removed at stop) and
+//     [log] dir/<job>.<step>.<restart>.log (root 0600, kept after the
+//     step, pruned at each start by [log] keep and max_age). Alternative:
+//     the system log (journald/syslog); not every node runs one that
+//     slurmd's children reach, and an admin looking for one step's log
+//     finds a file by job id.
 //   - The identity of every guest process is fixed by the supervisor at
 //     Setup (uid, gid, groups from the plugin, i.e. from slurmstepd), never
 //     by the exec client, which runs as the user.

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,8 +115,14 @@ func TestPrepareStopIdempotent(t *testing.T) {
 	if err != nil || got.Image != "/img.tar" || got.LocalTasks != 2 {
 		t.Fatalf("spec %+v, %v", got, err)
 	}
-	if fi, err := os.Stat(s.Dir(&cfg).Path()); err != nil || fi.Mode().Perm() != 0o755 {
-		t.Fatalf("state dir: %v %v", fi, err)
+	// Root's 0700 with the ACL's mask (--x) in the group bits when
+	// prepared for a user by root (package state).
+	want := os.FileMode(0o700)
+	if os.Geteuid() == 0 {
+		want = 0o710
+	}
+	if fi, err := os.Stat(s.Dir(&cfg).Path()); err != nil || fi.Mode().Perm() != want {
+		t.Fatalf("state dir: %v %v, want mode %v", fi, err, want)
 	}
 	if err := l.Prepare(context.Background(), &Spec{ID: s.ID, Image: "/img.tar", MemMiB: 200}); err == nil {
 		t.Fatal("a step too small for the guest was accepted")
@@ -128,14 +135,21 @@ func TestPrepareStopIdempotent(t *testing.T) {
 	if _, err := os.Stat(s.Dir(&cfg).Path()); !os.IsNotExist(err) {
 		t.Fatalf("state dir left after stop: %v", err)
 	}
+	// A stopped step is never prepared again (a late SPANK callback).
+	if err := l.Prepare(context.Background(), s); !errors.Is(err, state.ErrStopped) {
+		t.Fatalf("prepare after stop: %v, want state.ErrStopped", err)
+	}
+	s.ID.Step = 1
 	if err := l.Prepare(context.Background(), s); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.GC(context.Background(), 7); err != nil {
 		t.Fatal(err)
 	}
-	if entries, _ := os.ReadDir(cfg.RuntimeDir); len(entries) != 0 {
-		t.Fatalf("gc left %v", entries)
+	entries, _ := os.ReadDir(cfg.RuntimeDir)
+	records, _ := os.ReadDir(filepath.Join(cfg.RuntimeDir, state.StoppedDir))
+	if len(entries) != 1 || entries[0].Name() != state.StoppedDir || len(records) != 0 {
+		t.Fatalf("gc left %v and stop records %v", entries, records)
 	}
 }
 

@@ -30,6 +30,10 @@ import (
 type Launcher struct {
 	Config *config.Config
 	Log    *slog.Logger
+
+	// afterStopMark, when set (tests), runs in Stop right after the step
+	// was marked stopped and its records were read.
+	afterStopMark func()
 }
 
 func (l *Launcher) log() *slog.Logger {
@@ -39,9 +43,10 @@ func (l *Launcher) log() *slog.Logger {
 	return l.Log
 }
 
-// Prepare records a step: creates its root-owned state directory and writes
-// spec.json. Nothing boots. Calling it again for the same step rewrites the
-// spec (SPANK callbacks may run twice).
+// Prepare records a step: creates its root-owned state directory (see
+// package state for who may enter it) and writes spec.json. Nothing boots.
+// Calling it again for the same step rewrites the spec (SPANK callbacks may
+// run twice); a step already stopped is refused (state.ErrStopped).
 func (l *Launcher) Prepare(ctx context.Context, s *Spec) error {
 	if s.Image == "" {
 		return errors.New("prepare: no image given")
@@ -53,11 +58,41 @@ func (l *Launcher) Prepare(ctx context.Context, s *Spec) error {
 		return err
 	}
 	d := s.Dir(l.Config)
-	if err := os.MkdirAll(d.Root, 0o755); err != nil {
-		return fmt.Errorf("create runtime root %s: %w", d.Root, err)
+	// The root: entered by job users (0711 for root, whose steps are many
+	// users'; a private run's own 0700 otherwise), written by nobody else.
+	rootMode := os.FileMode(0o711)
+	if os.Geteuid() != 0 {
+		rootMode = 0o700
 	}
-	if err := os.Mkdir(d.Path(), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+	if err := state.MakeDir(d.Root, rootMode); err != nil {
+		return fmt.Errorf("runtime root: %w", err)
+	}
+	if err := d.CheckPrepare(); err != nil {
+		return err
+	}
+	created := true
+	if err := os.Mkdir(d.Path(), 0o700); errors.Is(err, os.ErrExist) {
+		created = false
+	} else if err != nil {
 		return fmt.Errorf("create step state %s: %w", d.Path(), err)
+	}
+	// Stop writes its record before it looks for this directory: checked
+	// again now that the directory exists, a concurrent stop is seen.
+	if err := d.CheckPrepare(); err != nil {
+		if created {
+			_ = os.RemoveAll(d.Path())
+		}
+		return err
+	}
+	if err := state.CheckDir(d.Path()); err != nil {
+		return err
+	}
+	if os.Geteuid() == 0 && s.UID != 0 {
+		if err := state.GrantSearch(d.Path(), s.UID); err != nil {
+			return fmt.Errorf("step state: %w", err)
+		}
+	} else if err := os.Chmod(d.Path(), 0o700); err != nil {
+		return fmt.Errorf("step state: %w", err)
 	}
 	if err := writeSpec(d, s); err != nil {
 		return fmt.Errorf("write step spec: %w", err)
@@ -83,7 +118,13 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 		return err
 	}
 	log := l.log().With("step", id.String())
-	if err := state.WriteProc(d.File(state.SupervisorFile), os.Getpid()); err != nil {
+	// Under the step's lock: a stop that began earlier is seen here, one
+	// that begins later finds this record and signals this process.
+	if err := d.RecordSupervisor(os.Getpid()); err != nil {
+		if errors.Is(err, state.ErrStopped) {
+			log.Info("not starting", "reason", err)
+			return fail(d, err)
+		}
 		return fail(d, fmt.Errorf("record supervisor: %w", err))
 	}
 	moves, err := cgroup.EnterStep(os.Getpid(), id.Job, id.Step)
@@ -95,6 +136,10 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 	}
 	sb, err := l.boot(ctx, s, d, log)
 	if err != nil {
+		return fail(d, err)
+	}
+	if err := l.phase(ctx, d, "mark the sandbox ready"); err != nil {
+		_ = sb.Stop(context.Background())
 		return fail(d, err)
 	}
 	// The control socket exists, the user's, before "ready" does.
@@ -125,6 +170,18 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 		_ = sb.Stop(context.Background())
 		return fail(d, err)
 	}
+}
+
+// phase returns an error, without side effects, once ctx ended or a stop
+// of the step began (state.ErrStopped): the supervisor checks before each
+// phase that leaves something on the host, so a stop that raced with the
+// start is never outlived by a scratch directory, an image conversion, a
+// GPU binding or a VMM.
+func (l *Launcher) phase(ctx context.Context, d state.Dir, what string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", what, context.Cause(ctx))
+	}
+	return d.CheckNotStopped(what)
 }
 
 // mountTable is a step's resolved host shares.
@@ -306,8 +363,14 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		cpus = 1
 	}
 	accel := qemu.ResolveAccel(c.QEMU.Accel)
+	if err := l.phase(ctx, d, "plan GPUs"); err != nil {
+		return nil, err
+	}
 	machine, err := l.planGPUs(ctx, s, d, memMiB, cpus, log)
 	if err != nil {
+		return nil, err
+	}
+	if err := l.phase(ctx, d, "create scratch and open shares"); err != nil {
 		return nil, err
 	}
 	shares, err := l.resolveMounts(ctx, s, log)
@@ -319,6 +382,9 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if machine != nil && accel != "kvm" {
 		return nil, fmt.Errorf("GPUs %s: VFIO passthrough needs KVM, and QEMU runs under %s on this node (no kvm_intel or kvm_amd loaded)", s.GPUs, accel)
 	}
+	if err := l.phase(ctx, d, "prepare the image"); err != nil {
+		return nil, err
+	}
 	t0 := time.Now()
 	img, err := image.Prepare(ctx, s.Image, image.Options{
 		UID: s.UID, GID: s.GID, Groups: s.Groups,
@@ -329,6 +395,9 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		return nil, err
 	}
 	log.Info("image ready", "image", s.Image, "digest", img.Digest, "disk", img.Disk, "ms", time.Since(t0).Milliseconds())
+	if err := l.phase(ctx, d, "check MPI"); err != nil {
+		return nil, err
+	}
 	mpiShare, err := l.planMPI(ctx, s, d, img.Disk, log)
 	if err != nil {
 		return nil, err
@@ -355,6 +424,9 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		BootTimeout: c.Timeouts.Boot.Duration,
 		StopGrace:   c.Timeouts.StopGrace.Duration,
 	})
+	if err := l.phase(ctx, d, "boot"); err != nil {
+		return nil, err
+	}
 	log.Info("booting", "driver", drv.Name(), "accel", accel, "vcpus", cpus, "memory_mib", memMiB, "kernel", a.KernelVersion)
 	return drv.Start(ctx, driver.SandboxConfig{
 		ID: s.ID.String(), StateDir: d.Path(),
@@ -367,22 +439,29 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	})
 }
 
-// Stop ends the step's sandbox and removes its state: it asks the
+// Stop ends the step's sandbox and removes its state. It first marks the
+// step stopped (state.Dir.MarkStopped), so that a prepare or a supervisor
+// that has not recorded itself yet never begins; then asks a recorded
 // supervisor to stop (SIGTERM: graceful poweroff), kills it and the VMM by
 // their recorded pids if they outlive the grace period, and removes the
 // state directory. A step with no state is not an error.
 func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
 	d := state.Dir{Root: l.Config.RuntimeDir, ID: id}
+	markErr := d.MarkStopped()
+	if markErr != nil {
+		l.log().Error("mark stop", "step", id.String(), "err", markErr)
+	}
+	_ = state.PruneStopRecords(d.Root, 0, time.Now())
 	if _, err := os.Stat(d.Path()); errors.Is(err, os.ErrNotExist) {
-		return nil
+		return markErr
 	}
 	grace := l.Config.Timeouts.StopGrace.Duration
 	sup, supErr := state.ReadProc(d.File(state.SupervisorFile))
 	vmm, vmmErr := state.ReadProc(d.File(state.VMMPidFile))
+	if l.afterStopMark != nil {
+		l.afterStopMark()
+	}
 	if supErr == nil && sup.Alive() {
-		if err := state.WriteFileAtomic(d.File(state.StopFile), nil, 0o644); err != nil {
-			l.log().Warn("mark stop", "err", err)
-		}
 		_ = sup.Signal(unix.SIGTERM)
 		if !waitGone(ctx, sup, grace+2*time.Second) {
 			l.log().Warn("supervisor did not stop in time; killing it", "pid", sup.Pid)
@@ -407,7 +486,7 @@ func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
 	if err := os.RemoveAll(d.Path()); err != nil {
 		return fmt.Errorf("remove step state %s: %w", d.Path(), err)
 	}
-	return nil
+	return markErr
 }
 
 // waitGone polls until p is gone or timeout passes; true when gone.
@@ -444,6 +523,10 @@ func (l *Launcher) GC(ctx context.Context, job uint32) error {
 	}
 	// Scratch of steps whose state is already gone (a crashed stop).
 	if err := l.Config.Mounts.RemoveJobScratch(job); err != nil {
+		errs = append(errs, err)
+	}
+	// The epilog: no step of the job starts any more.
+	if err := state.PruneStopRecords(l.Config.RuntimeDir, job, time.Now()); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -13,11 +13,11 @@ import (
 // would, and tears everything down before returning, whatever happened.
 // It needs no Slurm: `slurm-microvm run`.
 func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio Stdio) (driver.ExitStatus, error) {
+	d := s.Dir(l.Config)
+	defer os.Remove(d.Root) // only when no other step uses it: nothing left behind
 	if err := l.Prepare(ctx, s); err != nil {
 		return driver.ExitStatus{}, err
 	}
-	d := s.Dir(l.Config)
-	defer os.Remove(d.Root) // only when no other step uses it: nothing left behind
 	defer os.RemoveAll(d.Path())
 	defer l.Config.Mounts.RemoveScratch(s.ID.String())
 	if s.Debug {

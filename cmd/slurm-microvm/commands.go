@@ -210,11 +210,14 @@ func startCommand() *cli.Command {
 			}
 			id := stepID(c)
 			d := state.Dir{Root: cfg.RuntimeDir, ID: id}
-			logf, err := os.OpenFile(d.File(state.LauncherLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-			if err != nil {
-				return cli.Exit(fmt.Sprintf("open supervisor log: %v", err), 1)
+			logf, err := launcher.OpenSupervisorLog(cfg, id, time.Now())
+			if logf == nil {
+				return cli.Exit(err.Error(), 1)
 			}
 			defer logf.Close()
+			if err != nil {
+				fmt.Fprintf(logf, "%v\n", err)
+			}
 			s, err := launcher.ReadSpec(d.Path())
 			debug := c.Bool("debug") || (err == nil && s.Debug)
 			l := &launcher.Launcher{Config: cfg, Log: newLogger(logf, debug)}
@@ -229,7 +232,7 @@ func startCommand() *cli.Command {
 			signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
 			go func() {
 				for sig := range sigs {
-					if _, err := os.Stat(d.File(state.StopFile)); err == nil {
+					if d.Stopped() {
 						stop()
 						return
 					}
@@ -370,6 +373,14 @@ func runCommand() *cli.Command {
 				return err
 			}
 			personalize(cfg)
+			if os.Geteuid() != 0 {
+				rt, err := privateRuntimeDir()
+				if err != nil {
+					return cli.Exit("run: "+err.Error(), 1)
+				}
+				// Run removes it once empty.
+				cfg.RuntimeDir = rt
+			}
 			uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
 			name := ""
 			if u, err := user.Current(); err == nil {
@@ -406,17 +417,25 @@ func runCommand() *cli.Command {
 	}
 }
 
-// personalize points the state and caches of a non-root `run` at places the
-// user owns.
+// privateRuntimeDir makes the state root of a non-root `run`: a new
+// directory with a random name, 0700, under $XDG_RUNTIME_DIR when that is
+// the caller's own (not under `su`, which keeps the original user's), else
+// under $TMPDIR or /tmp. Never a predictable name another user could create
+// first (package launcher/state).
+func privateRuntimeDir() (string, error) {
+	prefix := fmt.Sprintf("slurm-microvm-%d-", os.Getuid())
+	if rt := os.Getenv("XDG_RUNTIME_DIR"); rt != "" && filepath.IsAbs(rt) && state.CheckDir(rt) == nil {
+		return state.PrivateTempDir(rt, prefix)
+	}
+	return state.PrivateTempDir("", prefix)
+}
+
+// personalize points the caches of a non-root caller at places the user
+// owns (a non-root `run` also gets its own state root: privateRuntimeDir).
 func personalize(cfg *config.Config) {
 	if os.Geteuid() == 0 {
 		return
 	}
-	rt := os.Getenv("XDG_RUNTIME_DIR")
-	if rt == "" {
-		rt = filepath.Join(os.TempDir(), fmt.Sprintf("slurm-microvm-%d", os.Getuid()))
-	}
-	cfg.RuntimeDir = filepath.Join(rt, "slurm-microvm")
 	if dir, err := os.UserCacheDir(); err == nil {
 		cfg.CacheDir = filepath.Join(dir, "slurm-microvm")
 	}

@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
-	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/fs"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
 // DefaultPath is where the plugin and the launcher look for the file.
@@ -40,6 +40,20 @@ type Config struct {
 	// Mounts is the host-path policy (package fs).
 	Mounts fs.Policy `toml:"mounts"`
 	MPI    MPI       `toml:"mpi"`
+	Log    Log       `toml:"log"`
+}
+
+// Log keeps each step's supervisor log for the admin after the step (the
+// copy in the step's state goes with it at stop).
+type Log struct {
+	// Dir holds <job>.<step>.<restart>.log per step (root-owned 0700,
+	// files 0600); "" keeps no copy.
+	Dir string `toml:"dir"`
+	// Keep is the most log files Dir holds; the oldest go first. 0: no
+	// limit by count.
+	Keep int `toml:"keep"`
+	// MaxAge removes logs not written for longer. "0s": no limit by age.
+	MaxAge Duration `toml:"max_age"`
 }
 
 // MPI configures the injection of the host's MPI stack (package mpi).
@@ -163,6 +177,7 @@ func Defaults() Config {
 		GPU:    GPU{GresConf: "/etc/slurm/gres.conf"},
 		Mounts: fs.DefaultPolicy(),
 		MPI:    MPI{Default: "auto", Version: "full"},
+		Log:    Log{Dir: "/var/log/slurm-microvm", Keep: 1000, MaxAge: Duration{30 * 24 * time.Hour}},
 		Timeouts: Timeouts{
 			Boot:      Duration{90 * time.Second},
 			Start:     Duration{15 * time.Minute},
@@ -275,6 +290,15 @@ func (c *Config) validate(path string, data []byte) []error {
 	default:
 		bad("mpi.version", "%q must be one of major, full, strict", c.MPI.Version)
 	}
+	if c.Log.Dir != "" && !strings.HasPrefix(c.Log.Dir, "/") {
+		bad("log.dir", "%q must be an absolute path, or \"\" for no kept logs", c.Log.Dir)
+	}
+	if c.Log.Keep < 0 {
+		bad("log.keep", "%d is negative: a number of files, 0 for no limit", c.Log.Keep)
+	}
+	if c.Log.MaxAge.Duration < 0 {
+		bad("log.max_age", "%s is negative: use \"0s\" for no limit", c.Log.MaxAge.Duration)
+	}
 	if !strings.HasPrefix(c.GPU.GresConf, "/") {
 		bad("gpu.gres_conf", "%q must be an absolute path", c.GPU.GresConf)
 	}
@@ -332,6 +356,19 @@ func lineOf(data []byte, key toml.Key) int {
 	return 0
 }
 
+// checkRuntimeDir checks, as root, that the runtime root (created when
+// missing, as prepare would) is root's alone and carries the ACL that lets
+// only a step's user into its state (package launcher/state).
+func checkRuntimeDir(dir string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	if err := state.MakeDir(dir, 0o711); err != nil {
+		return err
+	}
+	return state.CheckACLSupport(dir)
+}
+
 // CheckHost checks what the file names on this node: the QEMU binary, the
 // guest agent and the kernel image exist. `config check` runs it; parsing
 // alone does not, so that login nodes can read the file.
@@ -358,12 +395,13 @@ func (c *Config) CheckHost(path string) error {
 			}
 		}
 	}
-	if b := c.Mounts.ScratchBase; b != "" && b != "/var/tmp/slurm-microvm-scratch" {
-		var st unix.Stat_t
-		if err := unix.Stat(b, &st); err == nil && (st.Uid != 0 || st.Mode&0o022 != 0) {
-			errs = append(errs, &Error{Path: path, Key: "mounts.scratch_base",
-				Msg: fmt.Sprintf("%q is owned by uid %d with mode %#o: use a directory of its own, owned by root and writable only by root (the launcher creates it when missing)", b, st.Uid, st.Mode&0o7777)})
+	if b := c.Mounts.ScratchBase; b != "" {
+		if err := fs.CheckScratchBase(b); err != nil {
+			errs = append(errs, &Error{Path: path, Key: "mounts.scratch_base", Msg: err.Error()})
 		}
+	}
+	if err := checkRuntimeDir(c.RuntimeDir); err != nil {
+		errs = append(errs, &Error{Path: path, Key: "runtime_dir", Msg: err.Error()})
 	}
 	if err := fs.CheckLocalStore("cache_dir", c.CacheDir); err != nil {
 		errs = append(errs, &Error{Path: path, Key: "cache_dir", Msg: err.Error()})

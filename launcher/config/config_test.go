@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -87,4 +88,51 @@ func TestNegativeSize(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "microvm.toml:2") || !strings.Contains(err.Error(), "min_memory_mib") || !strings.Contains(err.Error(), "-5 is negative") {
 		t.Fatalf("err = %v, want the line, the key and the rule", err)
 	}
+}
+
+// config check tests the scratch base's ownership always, the (old)
+// default under world-writable /var/tmp included, and the runtime root.
+func TestCheckHostScratchAndRuntime(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (the runtime root is root's)")
+	}
+	rt, err := os.MkdirTemp("/run", "smv-config-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(rt) })
+	for _, tt := range []struct {
+		name, scratch, runtime, wantKey string
+	}{
+		{"old default under /var/tmp", "/var/tmp/slurm-microvm-scratch", rt + "/ok", "mounts.scratch_base"},
+		{"under /tmp", "/tmp/smv-scratch-test", rt + "/ok", "mounts.scratch_base"},
+		{"root-owned", rt + "/scratch", rt + "/ok", ""},
+		{"runtime root under sticky /tmp", rt + "/scratch", "/tmp", "runtime_dir"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Defaults()
+			c.Mounts.ScratchBase, c.RuntimeDir = tt.scratch, tt.runtime
+			err := c.CheckHost("microvm.toml")
+			var got []string
+			for _, e := range unwrapAll(err) {
+				var ce *Error
+				if errors.As(e, &ce) && (ce.Key == "mounts.scratch_base" || ce.Key == "runtime_dir") {
+					got = append(got, ce.Key)
+				}
+			}
+			if (tt.wantKey == "") != (len(got) == 0) || (tt.wantKey != "" && got[0] != tt.wantKey) {
+				t.Fatalf("CheckHost: %v; want an error for %q only", err, tt.wantKey)
+			}
+		})
+	}
+}
+
+func unwrapAll(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	if err == nil {
+		return nil
+	}
+	return []error{err}
 }

@@ -102,21 +102,3 @@ func ReadProc(path string) (Proc, error) {
 	}
 	return p, nil
 }
-
-// WriteFileAtomic writes data to path through a temporary file and rename,
-// so readers see either nothing or the whole content.
-func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
-}

@@ -1,18 +1,61 @@
 // Package state names the per-step runtime state of a sandbox on a node.
 //
 // Every step that runs in a microVM owns one directory under the runtime root
-// (default /run/slurm-microvm), named "<job>.<step>.<restart>", owned by root,
-// mode 0755. Teardown needs nothing but the job and step ids: every pid and path
-// of the sandbox is recorded here as soon as it exists.
+// (default /run/slurm-microvm, root-owned 0755 and writable by nobody else),
+// named "<job>.<step>.<restart>". Teardown needs nothing but the job and step
+// ids: every pid and path of the sandbox is recorded here as soon as it
+// exists.
 //
 //	spec.json     the step spec written by `slurm-microvm prepare` (root, 0644)
+//	lock          the step's flock: supervisor record and stop mark are ordered
 //	supervisor    pid of the detached supervisor (`slurm-microvm start`)
+//	stop          written by stop (under lock) before it signals the supervisor
 //	vmm.pid       pid of the VMM (QEMU) once started
 //	ready         created when the guest agent answered and the sandbox is usable
 //	error         the reason the sandbox could not start (one line, user-facing)
 //	control.sock  agent connection for exec clients: owned by the job's uid, 0600
 //	console.log   guest serial console (kept for --microvm-debug)
-//	launcher.log  supervisor log (log/slog text)
+//	launcher.log  supervisor log (log/slog text); the admin's copy outlives the
+//	              step under [log] dir (default /var/log/slurm-microvm)
+//
+// and <root>/stopped/<job>.<step>.<restart>, the stop record, which outlives
+// the step directory (see MarkStopped).
+//
+// # Who reads a step's state
+//
+// Only root and the job's user. The step directory is owned by root, mode
+// 0700, with one POSIX ACL entry giving the job's uid search (--x) and
+// nothing else (GrantSearch): the exec entry, running as the user, opens
+// the names it knows (ready, error, spec.json, supervisor, control.sock, and
+// the logs for --microvm-debug) by their own modes, but cannot list the
+// directory or write in it; every other user, the job's own group included,
+// cannot enter it. The files inside stay root-owned (0644 where the user
+// reads them), so the user can change none of what root later trusts (the
+// supervisor and VMM records that stop signals). The runtime root and every
+// directory reused for state are checked first (CheckDir, MakeDir): owned by
+// the effective uid, writable by nobody else, parents owned by root or that
+// uid and sticky when others may write them; files are opened with
+// O_NOFOLLOW and written through O_EXCL temporaries and rename.
+//
+// Design decisions (the alternative, and why not):
+//   - An ACL on a 0700 directory, not mode 0711 with user-owned files: with
+//     0711 every user can stat (and, by a file's own mode, read) any name in
+//     it, so each of the VMM's and agent's files (vmm.log, console.log, ...)
+//     would have to get its mode right forever; and files the user owns
+//     could be rewritten by the user before root reads them. A per-step
+//     group (0710) would need a group per step in the node's group
+//     database. The ACL needs a filesystem with POSIX ACLs (tmpfs, ext4,
+//     xfs); without one a step is refused with that reason, and `config
+//     check` tests it.
+//   - A stop record outside the step directory, not only a marker inside:
+//     stop removes the step directory, and a prepare that comes after a
+//     stop would recreate it. Records older than StopRecordTTL and those
+//     of a job gc'ed by the epilog are removed.
+//   - A non-root `slurm-microvm run` keeps its state in a new directory
+//     with a random name (PrivateTempDir, under $XDG_RUNTIME_DIR when that
+//     is the user's own, else under $TMPDIR or /tmp), not a predictable
+//     /tmp/slurm-microvm-<uid> that another user can create first: nothing
+//     but the process itself has to find it.
 package state
 
 import (

@@ -275,11 +275,23 @@ func TestE2E(t *testing.T) {
 		t.Logf("srun stderr: %s", errOut)
 		// No job id is printed (the workload never ran): the step's
 		// state must be gone all the same.
-		entries, _ := os.ReadDir(harness.RuntimeDir)
+		// (The stop records, <runtime_dir>/stopped, stay until the
+		// epilog's gc: launcher/state.)
+		stepDirs := func() []string {
+			var out []string
+			entries, _ := os.ReadDir(harness.RuntimeDir)
+			for _, en := range entries {
+				if en.Name() != "stopped" {
+					out = append(out, en.Name())
+				}
+			}
+			return out
+		}
+		entries := stepDirs()
 		deadline := time.Now().Add(15 * time.Second)
 		for len(entries) > 0 && time.Now().Before(deadline) {
 			time.Sleep(200 * time.Millisecond)
-			entries, _ = os.ReadDir(harness.RuntimeDir)
+			entries = stepDirs()
 		}
 		if len(entries) > 0 {
 			t.Errorf("state left behind: %v", entries)
