@@ -122,8 +122,9 @@
 // probe's counts bound a directory's stream, and the configured limits
 // bound both, since the probe itself is the user's. A squashfs file is
 // listed first (unsquashfs -lln, confined) and refused when its files'
-// sizes or entries pass the limits: unsquashfs writes what it lists.
-// Refused before any copy when the probe already shows it. Alternatives:
+// sizes or entries pass the limits: unsquashfs writes what it lists. An
+// image the probe already shows too large is refused before any copy.
+// Alternatives:
 // a filesystem quota on cache_dir (not every node has project quotas, and
 // one user would still fill the others' share); RLIMIT_FSIZE (per file
 // only, and the extractor is the launcher itself). A conversion's stages
