@@ -390,6 +390,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		UID: s.UID, GID: s.GID, Groups: s.Groups,
 		CacheRoot: filepath.Join(c.CacheDir, "images"),
 		Logger:    log,
+		Limits:    imageLimits(c.Images),
 	})
 	if err != nil {
 		return nil, err

@@ -259,7 +259,16 @@ func teardown(c *cli.Context, fn func(*launcher.Launcher) error) error {
 	if err != nil {
 		return err
 	}
-	if err := fn(&launcher.Launcher{Config: cfg, Log: newLogger(os.Stderr, c.Bool("debug"))}); err != nil {
+	log := newLogger(os.Stderr, c.Bool("debug"))
+	err = fn(&launcher.Launcher{Config: cfg, Log: log})
+	// A conversion killed with its step (or earlier) leaves its work
+	// directory, unlocked, in the image cache.
+	if gone, cerr := image.CleanAbandoned(c.Context, filepath.Join(cfg.CacheDir, "images")); cerr != nil {
+		log.Warn("clean abandoned image conversions", "err", cerr)
+	} else if len(gone) > 0 {
+		log.Info("removed abandoned image conversions", "dirs", gone)
+	}
+	if err != nil {
 		return cli.Exit(err.Error(), 1)
 	}
 	return nil

@@ -41,6 +41,7 @@ type Config struct {
 	Mounts fs.Policy `toml:"mounts"`
 	MPI    MPI       `toml:"mpi"`
 	Log    Log       `toml:"log"`
+	Images Images    `toml:"images"`
 }
 
 // Log keeps each step's supervisor log for the admin after the step (the
@@ -54,6 +55,21 @@ type Log struct {
 	Keep int `toml:"keep"`
 	// MaxAge removes logs not written for longer. "0s": no limit by age.
 	MaxAge Duration `toml:"max_age"`
+}
+
+// Images bounds what converting one image writes into cache_dir as root
+// (launcher/image.Limits, whose errors name these keys). Every value is
+// at least 1; there is no "unlimited".
+type Images struct {
+	// MaxImageMiB: the unpacked size of one image (its files, all layers
+	// together).
+	MaxImageMiB MiB `toml:"max_image_mib"`
+	// MaxLayerMiB: one layer, uncompressed.
+	MaxLayerMiB MiB `toml:"max_layer_mib"`
+	// MaxEntries: files, directories and links of one image.
+	MaxEntries int64 `toml:"max_entries"`
+	// UserCacheMiB: one user's converted images together.
+	UserCacheMiB MiB `toml:"user_cache_mib"`
 }
 
 // MPI configures the injection of the host's MPI stack (package mpi).
@@ -178,6 +194,7 @@ func Defaults() Config {
 		Mounts: fs.DefaultPolicy(),
 		MPI:    MPI{Default: "auto", Version: "full"},
 		Log:    Log{Dir: "/var/log/slurm-microvm", Keep: 1000, MaxAge: Duration{30 * 24 * time.Hour}},
+		Images: Images{MaxImageMiB: 65536, MaxLayerMiB: 32768, MaxEntries: 2000000, UserCacheMiB: 131072},
 		Timeouts: Timeouts{
 			Boot:      Duration{90 * time.Second},
 			Start:     Duration{15 * time.Minute},
@@ -314,6 +331,12 @@ func (c *Config) validate(path string, data []byte) []error {
 	}
 	if r.OverlayMiB == 0 {
 		bad("resources.overlay_mib", "must be at least 1 MiB")
+	}
+	for key, n := range map[string]int64{"images.max_image_mib": int64(c.Images.MaxImageMiB), "images.max_layer_mib": int64(c.Images.MaxLayerMiB),
+		"images.max_entries": c.Images.MaxEntries, "images.user_cache_mib": int64(c.Images.UserCacheMiB)} {
+		if n < 1 {
+			bad(key, "%d must be at least 1", n)
+		}
 	}
 	for key, d := range map[string]Duration{"timeouts.boot": c.Timeouts.Boot, "timeouts.start": c.Timeouts.Start, "timeouts.stop_grace": c.Timeouts.StopGrace} {
 		if d.Duration <= 0 {

@@ -36,6 +36,7 @@ func TestParse(t *testing.T) {
 		{name: "syntax error has line", in: "driver = \n", wantErr: []string{"microvm.toml:1"}},
 		{name: "relative runtime dir", in: "runtime_dir = \"run\"\n", wantErr: []string{"microvm.toml:1: runtime_dir: \"run\" must be an absolute path"}},
 		{name: "every problem reported", in: "[qemu]\naccel = \"x\"\nbinary = \"\"\n", wantErr: []string{"qemu.accel", "qemu.binary"}},
+		{name: "image limit zero", in: "[images]\nmax_entries = 0\n", wantErr: []string{"microvm.toml:2: images.max_entries: 0 must be at least 1"}},
 		{name: "memory below minimum", in: "[resources]\ndefault_memory_mib = 100\n", wantErr: []string{"default_memory_mib: 100 MiB is below min_memory_mib"}},
 	}
 	for _, tt := range tests {
@@ -78,7 +79,7 @@ func TestExampleConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := Defaults()
-	if c.RuntimeDir != d.RuntimeDir || c.Resources != d.Resources || c.Timeouts != d.Timeouts || c.QEMU.Agent != d.QEMU.Agent || c.GPU != d.GPU || c.MPI != d.MPI {
+	if c.RuntimeDir != d.RuntimeDir || c.Resources != d.Resources || c.Timeouts != d.Timeouts || c.QEMU.Agent != d.QEMU.Agent || c.GPU != d.GPU || c.MPI != d.MPI || c.Images != d.Images {
 		t.Fatalf("etc/microvm.toml differs from the defaults it documents:\n%+v\n%+v", c, d)
 	}
 }

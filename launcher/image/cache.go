@@ -164,6 +164,94 @@ func newWorkDir(dir, h string) (string, error) {
 	return w, nil
 }
 
+// CleanAbandoned removes the work directories of conversions that ended
+// without cleaning up (a launcher killed mid-conversion, by `stop` or the
+// OOM killer) in every user's cache under cacheRoot: those whose digest
+// lock no process holds. A conversion in progress holds its lock, so its
+// directory is kept; one that starts meanwhile waits for the lock. It
+// returns the directories removed. A missing cacheRoot is not an error.
+// `stop` and `gc` run it: without it a killed conversion's files stay until
+// the same user converts the same image again.
+func CleanAbandoned(ctx context.Context, cacheRoot string) ([]string, error) {
+	if cacheRoot == "" {
+		cacheRoot = DefaultCacheRoot
+	}
+	des, err := os.ReadDir(cacheRoot)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("clean image cache: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, de := range des {
+		uid, err := strconv.ParseUint(de.Name(), 10, 32)
+		if err != nil || !de.IsDir() {
+			continue
+		}
+		dir, err := userDir(cacheRoot, uint32(uid), false)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		works, _ := filepath.Glob(filepath.Join(dir, tmpPrefix+"*"))
+		byDigest := map[string][]string{}
+		for _, w := range works {
+			h, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(w), tmpPrefix), "-")
+			if _, err := digestHex("sha256:" + h); ok && err == nil {
+				byDigest[h] = append(byDigest[h], w)
+			}
+		}
+		for h, ws := range byDigest {
+			if err := ctx.Err(); err != nil {
+				return removed, err
+			}
+			unlock, held, err := tryLockDigest(dir, h)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if held {
+				continue // a conversion in progress
+			}
+			for _, w := range ws {
+				if err := os.RemoveAll(w); err != nil {
+					errs = append(errs, fmt.Errorf("remove abandoned work directory: %w", err))
+					continue
+				}
+				removed = append(removed, w)
+			}
+			unlock()
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// tryLockDigest takes the digest's lock without waiting; held is true
+// when another process (or another open of it in this one) holds it.
+func tryLockDigest(dir, h string) (unlock func(), held bool, err error) {
+	p := filepath.Join(dir, h+lockSuffix)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, false, fmt.Errorf("open lock %s: %w", p, err)
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		switch err {
+		case nil:
+			return func() { f.Close() }, false, nil
+		case unix.EINTR:
+			continue
+		case unix.EWOULDBLOCK:
+			f.Close()
+			return nil, true, nil
+		}
+		f.Close()
+		return nil, false, fmt.Errorf("lock %s: %w", p, err)
+	}
+}
+
 // commit moves a finished disk and its metadata into the cache: the JSON
 // first, then the disk (whose presence marks the entry complete), each
 // fsynced and renamed.

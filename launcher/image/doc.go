@@ -69,26 +69,69 @@
 // /etc/shadow). An OCI layout directory is streamed as a tar of its regular
 // files (the helper follows symlinks, as the user) and handled the same way.
 //
-// Flattening: go-containerregistry's mutate.Extract (whiteouts, opaque
-// directories, refuses ".." names and relative links leaving the root,
-// drops entries below a non-directory of an upper layer). Pitfall found
-// here: it writes the tar trailer even when it fails (deferred Close), so a
-// clean end of tar proves nothing; unpackImage drains the pipe to see the
-// error (a tampered layer otherwise converts silently).
+// Applying layers: one after the other, oldest first, into one tree, with
+// containerd's rules (archive.Apply; Docker's containerd image store uses
+// the same): each member's parent path resolves through the symlinks that
+// earlier layers (or earlier members) made, inside the root, so a base
+// layer's bin -> usr/bin and a later layer's bin/x put x in usr/bin/x; an
+// existing entry is replaced (a directory with everything below it) unless
+// both are directories; a directory entry over a symlink that leads to a
+// directory merges into it (containerd does so for "bin/" with its
+// trailing slash; here without it too, rather than replace /bin of a
+// merged-/usr image by an almost empty directory); .wh.NAME removes NAME,
+// .wh..wh..opq removes what earlier layers put in its directory and keeps
+// what its own layer adds, before or after the marker (tracked by parent
+// inode and name, so aliases through symlinks agree); other .wh..wh.
+// names (AUFS metadata) are skipped. The alternative used before,
+// go-containerregistry's mutate.Extract, flattens newest layer first and
+// drops what lies below a non-directory of a later layer: the base
+// layer's bin symlink then met the bin/ directory its child had implied
+// ("cannot replace"), so common images did not convert. Docker's
+// overlay2 graph driver differs (a later layer's bin/ directory hides the
+// symlink and everything it led to); containerd's rule is the one images
+// are built and tested for today. Each layer's uncompressed stream is
+// read to its end, after the tar trailer: the diff_id is checked there.
 //
 // Unpacking untrusted tars as root: each member's parent directory is
 // opened with openat2(RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS|RESOLVE_NO_XDEV)
 // and the last component is created with *at calls and O_NOFOLLOW /
 // AT_SYMLINK_NOFOLLOW; ".." names are refused. Symlinks in a path resolve
 // inside the target the way the guest will see them (etc -> /etc puts
-// etc/x at ROOT/etc/x). os.Root was the alternative: it reports an absolute
-// symlink in a path as an escape instead of resolving it inside the root,
-// so images would unpack differently from how they run, and it has no
-// lutimes or mknod. openat2 needs Linux 5.6. Owners, modes (setuid,
+// etc/x at ROOT/etc/x; a symlink to a host directory /home/u/x leads to
+// ROOT/home/u/x, made there when missing, as containerd's fs.RootPath
+// does: the missing part of a path is found by resolving it lexically,
+// symlink by symlink, inside the root; nothing else writes there, so it
+// cannot change in between). os.Root was the alternative: it reports an
+// absolute symlink in a path as an escape instead of resolving it inside
+// the root, so images would unpack differently from how they run, and it
+// has no lutimes or mknod. openat2 needs Linux 5.6. Owners, modes (setuid,
 // sticky), nanosecond mtimes, hard links and fifos are kept; device nodes
 // are skipped with a debug record (the guest's /dev is devtmpfs); xattrs
 // are not restored (file capabilities such as ping's are lost) and
 // mkfs.erofs runs with -x-1 so host security labels never reach an image.
+//
+// Limits (Options.Limits, microvm.toml [images]): whatever a user names
+// makes root write into cache_dir, so every conversion is bounded: the
+// unpacked bytes of files (all layers; a file a later layer writes again
+// counts again, as `docker image ls` counts layers), each layer's
+// uncompressed stream (a gzip or zstd bomb stops there), the entries (the
+// inodes), and each user's cache (the disks of that uid). The helper runs
+// as the user, who may swap the probed file for /dev/zero, a FIFO or a
+// FUSE file, or ptrace the helper: the size the probe reported bounds the
+// stream (a longer stream is ErrChanged the moment it passes it), the
+// probe's counts bound a directory's stream, and the configured limits
+// bound both, since the probe itself is the user's. A squashfs file is
+// listed first (unsquashfs -lln, confined) and refused when its files'
+// sizes or entries pass the limits: unsquashfs writes what it lists. An
+// image the probe already shows too large is refused before any copy.
+// Alternatives:
+// a filesystem quota on cache_dir (not every node has project quotas, and
+// one user would still fill the others' share); RLIMIT_FSIZE (per file
+// only, and the extractor is the launcher itself). A conversion's stages
+// (the copied file, the unpacked tree, the disk) are each bounded by the
+// space left in the user's cache, not together: the peak is about twice
+// the image. File data is copied in 1 MiB chunks with ctx checked between
+// them, so cancelling stops one multi-gigabyte member promptly.
 //
 // Squashfs: the helper streams the file into a root-owned work file
 // (hashing it), then unsquashfs extracts it as root. Root is needed for
@@ -118,8 +161,11 @@
 // lookup again under the lock, convert in tmp-<hex>-<rand>/ on the same
 // filesystem, fsync, rename the JSON then the disk (the disk's presence is
 // the commit). Work directories left by a crash are removed by the next
-// conversion of the same digest under its lock. Lock files are never
-// removed: unlinking a lock file lets two processes both "hold" it.
+// conversion of the same digest under its lock, and by CleanAbandoned,
+// which `stop` and `gc` run: it removes every work directory whose digest
+// lock it can take (a live conversion holds its lock; a killed one's lock
+// died with its process). Lock files are never removed: unlinking a lock
+// file lets two processes both "hold" it.
 //
 // Registry pulls are anonymous: the launcher is root and a keychain would
 // lend root's credentials to anyone naming a private image. Private images

@@ -30,6 +30,10 @@ var (
 	// ErrRegistry: the registry could not be reached or answered with an
 	// unexpected error.
 	ErrRegistry = errors.New("registry error")
+	// ErrLimit: converting the image would pass one of the node's Limits
+	// (its unpacked size, a layer's size, its number of entries, the
+	// user's cache quota); the message names the microvm.toml key.
+	ErrLimit = errors.New("image too large")
 )
 
 // Error is the error type of this package: the user's input, what went

@@ -97,6 +97,11 @@ func streamPath(p string, w io.Writer) error {
 		return pathErr(p, err)
 	}
 	defer f.Close()
+	// Root bounds the stream by the probed size whatever this sends; this
+	// only makes the honest case's error clearer.
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return newErr("", ErrChanged, "the image is no longer a regular file", "run again once it is no longer being replaced", err)
+	}
 	if _, err := io.Copy(w, f); err != nil {
 		return pathErr(p, err)
 	}
@@ -145,6 +150,37 @@ func writeLayoutTar(dir string, w io.Writer) error {
 		return err
 	}
 	return tw.Close()
+}
+
+// layoutStreamBound walks an OCI layout directory as writeLayoutTar does
+// and returns the most bytes that tar can have: per member a header
+// block, a PAX header block and records (the name, the size), the data
+// rounded up to blocks; two zero blocks at the end.
+func layoutStreamBound(dir string) (int64, error) {
+	blocks := func(n int64) int64 { return (n + 511) / 512 * 512 }
+	total := int64(1024)
+	err := filepath.WalkDir(dir, func(full string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return pathErr(full, err)
+		}
+		rel, err := filepath.Rel(dir, full)
+		if err != nil || rel == "." {
+			return err
+		}
+		fi, err := os.Stat(full)
+		if err != nil {
+			return pathErr(full, err)
+		}
+		if !fi.IsDir() && !fi.Mode().IsRegular() {
+			return nil
+		}
+		total += 1024 + blocks(int64(len(rel))+128)
+		if fi.Mode().IsRegular() {
+			total += blocks(fi.Size())
+		}
+		return nil
+	})
+	return total, err
 }
 
 // confineExec runs in a private mount namespace (the parent unshared it):
@@ -211,6 +247,7 @@ var classNames = map[error]string{
 	ErrInvalidRef:  "invalid-ref",
 	ErrChanged:     "changed",
 	ErrRegistry:    "registry",
+	ErrLimit:       "limit",
 }
 
 func writeHelperError(w io.Writer, err error) {
@@ -391,8 +428,25 @@ func (s *helperStream) finish(consumeErr error) error {
 // root there is nothing to protect from the tool and it runs directly. It
 // returns the tool's combined output for error messages.
 func (o *Options) runConfined(ctx context.Context, dir string, argv []string) ([]byte, error) {
-	var cmd *exec.Cmd
 	out := &tailBuffer{max: 16 << 10}
+	cmd, err := o.confinedCmd(ctx, dir, argv)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	err = cmd.Run()
+	if err != nil {
+		if e, ok := decodeHelperError(out.b); ok {
+			return out.b, e
+		}
+	}
+	return out.b, err
+}
+
+// confinedCmd is the command runConfined runs, for callers that read its
+// output as it comes.
+func (o *Options) confinedCmd(ctx context.Context, dir string, argv []string) (*exec.Cmd, error) {
+	var cmd *exec.Cmd
 	if os.Geteuid() == 0 {
 		c, _, err := o.helperCmd(ctx, false, append([]string{"confine", dir, "--"}, argv...)...)
 		if err != nil {
@@ -405,12 +459,5 @@ func (o *Options) runConfined(ctx context.Context, dir string, argv []string) ([
 		cmd.Env = helperEnv
 	}
 	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = out, out
-	err := cmd.Run()
-	if err != nil {
-		if e, ok := decodeHelperError(out.b); ok {
-			return out.b, e
-		}
-	}
-	return out.b, err
+	return cmd, nil
 }

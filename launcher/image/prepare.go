@@ -1,6 +1,7 @@
 package image
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -12,11 +13,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 )
 
 // Options says whose image is prepared and where it is cached.
@@ -45,6 +46,9 @@ type Options struct {
 	// MkfsErofs and Unsquashfs override the tools' paths (looked up in
 	// PATH when empty).
 	MkfsErofs, Unsquashfs string
+	// Limits bound what a conversion writes (DefaultLimits() for zero
+	// fields); passing one is ErrLimit.
+	Limits Limits
 }
 
 // Config is the part of an OCI image config the guest needs to start a
@@ -89,6 +93,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Unsquashfs == "" {
 		o.Unsquashfs = "unsquashfs"
 	}
+	o.Limits = o.Limits.withDefaults()
 	return o, nil
 }
 
@@ -132,8 +137,8 @@ func Check(ctx context.Context, ref string, o Options) error {
 // use and caching it under CacheRoot/<uid>/. Concurrent calls for the same
 // image (in any process) convert it once; the others wait and reuse it.
 // Errors are *Error (test with errors.Is against ErrNotFound, ErrPermission,
-// ErrCorrupt, ErrUnsupported, ErrInvalidRef, ErrChanged, ErrRegistry), or a
-// wrapped error of the host (disk full, tools missing).
+// ErrCorrupt, ErrUnsupported, ErrInvalidRef, ErrChanged, ErrRegistry,
+// ErrLimit), or a wrapped error of the host (disk full, tools missing).
 func Prepare(ctx context.Context, ref string, o Options) (*Image, error) {
 	o, err := o.withDefaults()
 	if err != nil {
@@ -151,9 +156,9 @@ func Prepare(ctx context.Context, ref string, o Options) (*Image, error) {
 	return img, nil
 }
 
-// source is what a converter needs: it fills work/rootfs and returns the
-// config. It runs with the digest's lock held.
-type source func(ctx context.Context, work, rootfs string) (Config, error)
+// source is what a converter needs: it fills work/rootfs, within b, and
+// returns the config. It runs with the digest's lock held.
+type source func(ctx context.Context, work, rootfs string, b budget) (Config, error)
 
 // prepareCached is the cache protocol shared by every kind: look up, lock,
 // look up again, convert into a work directory, build the disk, commit.
@@ -189,6 +194,10 @@ func prepareCached(ctx context.Context, ref string, kind Kind, digest string, o 
 	if img, ok := hit(); ok {
 		return img, nil
 	}
+	b, err := newBudget(dir, o.UID, o.Limits)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	work, err := newWorkDir(dir, h)
 	if err != nil {
@@ -200,7 +209,7 @@ func prepareCached(ctx context.Context, ref string, kind Kind, digest string, o 
 		return nil, err
 	}
 	o.Logger.Info("converting image", "ref", ref, "kind", kind, "digest", digest)
-	cfg, err := convert(ctx, work, rootfs)
+	cfg, err := convert(ctx, work, rootfs, b)
 	if err != nil {
 		return nil, err
 	}
@@ -208,6 +217,9 @@ func prepareCached(ctx context.Context, ref string, kind Kind, digest string, o 
 	disk := filepath.Join(work, "disk.erofs")
 	if err := o.mkfs(ctx, work, rootfs, disk); err != nil {
 		return nil, err
+	}
+	if fi, err := os.Stat(disk); err == nil && fi.Size() > b.space {
+		return nil, b.quotaErr()
 	}
 	if err := os.RemoveAll(rootfs); err != nil {
 		return nil, fmt.Errorf("remove unpacked image: %w", err)
@@ -255,7 +267,12 @@ func prepareLocal(ctx context.Context, ref string, o Options) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return prepareCached(ctx, ref, pr.Kind, pr.Digest, o, func(ctx context.Context, work, rootfs string) (Config, error) {
+	return prepareCached(ctx, ref, pr.Kind, pr.Digest, o, func(ctx context.Context, work, rootfs string, b budget) (Config, error) {
+		// The helper runs as the user, who can make it send anything: what
+		// it sends is bounded by what the probe saw and by the limits.
+		if err := b.checkProbe(pr); err != nil {
+			return Config{}, err
+		}
 		s, err := o.stream(ctx, p)
 		if err != nil {
 			return Config{}, err
@@ -263,26 +280,26 @@ func prepareLocal(ctx context.Context, ref string, o Options) (*Image, error) {
 		var cfg Config
 		switch pr.Kind {
 		case KindRootfs:
-			err = unpackTree(ctx, s, rootfs, pr.Digest, o)
+			err = unpackTree(ctx, s, rootfs, pr, b, o)
 		case KindSquashfs:
 			var sq string
-			sq, err = copyVerified(s, filepath.Join(work, "image.sqsh"), pr.Digest)
+			sq, err = copyVerified(ctx, s, filepath.Join(work, "image.sqsh"), pr.Digest, pr.Size)
 			if err == nil {
 				err = s.finish(nil)
 				s = nil
 			}
 			if err == nil {
-				err = o.unsquash(ctx, work, sq, rootfs)
+				err = o.unsquash(ctx, work, sq, rootfs, b)
 			}
 		default: // docker archive, OCI archive, OCI layout (streamed as a tar)
 			var tarPath string
-			tarPath, err = copyVerified(s, filepath.Join(work, "image.tar"), "")
+			tarPath, err = copyVerified(ctx, s, filepath.Join(work, "image.tar"), "", pr.Size)
 			if err == nil {
 				err = s.finish(nil)
 				s = nil
 			}
 			if err == nil {
-				cfg, err = unpackArchive(ctx, tarPath, rootfs, pr.Digest, o)
+				cfg, err = unpackArchive(ctx, tarPath, rootfs, pr.Digest, b, o)
 				os.Remove(tarPath)
 			}
 		}
@@ -294,36 +311,43 @@ func prepareLocal(ctx context.Context, ref string, o Options) (*Image, error) {
 }
 
 // unpackTree extracts a root filesystem directory streamed by the helper,
-// checking that the tree digest of what arrived is the one probed.
-func unpackTree(ctx context.Context, s *helperStream, rootfs, want string, o Options) error {
+// checking that the tree digest of what arrived is the one probed. The
+// bytes and entries the probe counted bound the stream.
+func unpackTree(ctx context.Context, s *helperStream, rootfs string, pr probeResult, b budget, o Options) error {
 	x, err := newExtractor(rootfs, o.Logger)
 	if err != nil {
 		return err
 	}
 	defer x.Close()
+	x.bytes = []*bound{probedBound(pr.Size, "bytes of files"), b.imageBound()}
+	x.entries = []*bound{probedBound(pr.Entries, "entries"), b.entryBound()}
 	th := newTreeHeaderHasher()
 	if err := x.extractStream(ctx, s, th.add); err != nil {
 		return err
 	}
-	if got := th.digest(); got != want {
+	if got := th.digest(); got != pr.Digest {
 		return newErr("", ErrChanged, "the directory changed while it was read", "run again once it is no longer being written", nil)
 	}
 	return nil
 }
 
 // copyVerified copies the stream into a new root-owned file; when want is
-// set, the sha256 of the bytes must be it.
-func copyVerified(r io.Reader, dst, want string) (string, error) {
+// set, the sha256 of the bytes must be it. A stream longer than the probed
+// size is refused (ErrChanged) as soon as it passes it.
+func copyVerified(ctx context.Context, r io.Reader, dst, want string, probed int64) (string, error) {
 	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return "", err
 	}
 	h := sha256.New()
-	_, err = io.Copy(io.MultiWriter(f, h), r)
+	_, err = io.Copy(io.MultiWriter(f, h), &boundedReader{ctx: ctx, r: r, b: probedBound(probed, "bytes")})
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
+		if keepErr(err) {
+			return "", err
+		}
 		return "", fmt.Errorf("copy image: %w", err)
 	}
 	if want != "" && "sha256:"+hex.EncodeToString(h.Sum(nil)) != want {
@@ -334,7 +358,7 @@ func copyVerified(r io.Reader, dst, want string) (string, error) {
 
 // unpackArchive flattens the image in the tar at tarPath (docker save, or
 // an OCI layout as a tar) into rootfs and returns its config.
-func unpackArchive(ctx context.Context, tarPath, rootfs, want string, o Options) (Config, error) {
+func unpackArchive(ctx context.Context, tarPath, rootfs, want string, b budget, o Options) (Config, error) {
 	f, err := os.Open(tarPath)
 	if err != nil {
 		return Config{}, err
@@ -359,41 +383,65 @@ func unpackArchive(ctx context.Context, tarPath, rootfs, want string, o Options)
 	if err != nil {
 		return Config{}, err
 	}
-	return unpackImage(ctx, img, rootfs, o)
+	return unpackImage(ctx, img, rootfs, b, o)
 }
 
-// unpackImage flattens img's layers (whiteouts applied by mutate.Extract,
-// each layer checked against its diff_id) into rootfs.
-func unpackImage(ctx context.Context, img v1.Image, rootfs string, o Options) (Config, error) {
+// unpackImage applies img's layers into rootfs, oldest first (each layer
+// checked against its diff_id, whiteouts applied, see extractor), within
+// b: each layer's uncompressed stream, the bytes of files and the entries
+// of all layers together.
+func unpackImage(ctx context.Context, img v1.Image, rootfs string, b budget, o Options) (Config, error) {
 	cf, err := img.ConfigFile()
 	if err != nil {
 		return Config{}, newErr("", ErrCorrupt, "cannot read the image config", "", err)
+	}
+	if _, ok := img.(verifiedImage); !ok {
+		img = verifiedImage{Image: img, diffIDs: cf.RootFS.DiffIDs}
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return Config{}, classifyExtract(err)
 	}
 	x, err := newExtractor(rootfs, o.Logger)
 	if err != nil {
 		return Config{}, err
 	}
 	defer x.Close()
-	rc := mutate.Extract(verifiedImage{Image: img, diffIDs: cf.RootFS.DiffIDs})
-	defer rc.Close()
-	if err := x.extractStream(ctx, rc, nil); err != nil {
-		return Config{}, classifyExtract(err)
+	x.layered = true
+	x.bytes = []*bound{b.imageBound()}
+	x.entries = []*bound{b.entryBound()}
+	for i, l := range layers {
+		if err := applyLayer(ctx, x, l, b.layerBound(i+1, len(layers))); err != nil {
+			return Config{}, classifyExtract(err)
+		}
 	}
-	// mutate.Extract writes the tar trailer even when it fails (a deferred
-	// Close), so the end of the tar proves nothing: the pipe's own end
-	// carries its error (a layer not matching its diff_id, an unsafe path).
-	if _, err := io.Copy(io.Discard, rc); err != nil {
-		return Config{}, classifyExtract(err)
+	if err := x.finish(); err != nil {
+		return Config{}, err
 	}
 	c := cf.Config
 	return Config{Env: c.Env, WorkingDir: c.WorkingDir, Entrypoint: c.Entrypoint, Cmd: c.Cmd, User: c.User}, nil
 }
 
+// applyLayer applies one layer, reading its uncompressed stream to the end:
+// the diff_id is checked there, after the tar's trailer.
+func applyLayer(ctx context.Context, x *extractor, l v1.Layer, lb *bound) error {
+	rc, err := l.Uncompressed()
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	r := &boundedReader{ctx: ctx, r: rc, b: lb}
+	if err := x.applyLayer(ctx, r); err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, r)
+	return err
+}
+
 // classifyExtract keeps *Error as is and marks other failures of reading
 // layers (mutate.Extract's "unsafe tar path", gzip errors) as corrupt.
 func classifyExtract(err error) error {
-	var e *Error
-	if errors.As(err, &e) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if keepErr(err) {
 		return err
 	}
 	var pe *fs.PathError
@@ -406,10 +454,13 @@ func classifyExtract(err error) error {
 // unsquash extracts a squashfs file (already copied into the root-owned
 // work directory) with unsquashfs confined to the work directory, and drops
 // device nodes like the tar extractor does.
-func (o Options) unsquash(ctx context.Context, work, sq, rootfs string) error {
+func (o Options) unsquash(ctx context.Context, work, sq, rootfs string, b budget) error {
 	tool, err := exec.LookPath(o.Unsquashfs)
 	if err != nil {
 		return fmt.Errorf("unpack squashfs: %w (install squashfs-tools)", err)
+	}
+	if err := o.checkSquashfs(ctx, tool, work, sq, b); err != nil {
+		return err
 	}
 	if err := os.Remove(rootfs); err != nil { // unsquashfs creates it
 		return err
@@ -434,6 +485,69 @@ func (o Options) unsquash(ctx context.Context, work, sq, rootfs string) error {
 		}
 		return nil
 	})
+}
+
+// checkSquashfs lists the squashfs file (unsquashfs -lln, confined like
+// the extraction) and refuses it when its regular files' sizes or its
+// entries pass b: unsquashfs writes what the listing shows, and a squashfs
+// compresses a file of zeros to almost nothing. Hard links count once per
+// name (more than unsquashfs writes).
+func (o Options) checkSquashfs(ctx context.Context, tool, work, sq string, b budget) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cmd, err := o.confinedCmd(ctx, work, []string{tool, "-lln", "-no-progress", sq})
+	if err != nil {
+		return err
+	}
+	stderr := &tailBuffer{max: 16 << 10}
+	cmd.Stderr = stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("list squashfs: %w", err)
+	}
+	bytes, entries := b.imageBound(), b.entryBound()
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var lerr error
+	for lerr == nil && sc.Scan() {
+		// "-rw-r--r-- 0/0   1234 2024-01-01 12:00 squashfs-root/etc/passwd"
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 || len(f[0]) != 10 || !strings.ContainsRune("-dlcbps", rune(f[0][0])) {
+			continue // the rest of a name with a newline in it
+		}
+		if lerr = entries.add(1); lerr != nil || f[0][0] != '-' {
+			continue
+		}
+		n, err := strconv.ParseInt(f[2], 10, 64)
+		if err != nil || n < 0 {
+			lerr = newErr("", ErrCorrupt, "unsquashfs lists a file of size "+strconv.Quote(f[2]), "the squashfs file is damaged; rebuild it", nil)
+			continue
+		}
+		lerr = bytes.add(n)
+	}
+	if lerr == nil && sc.Err() != nil {
+		lerr = newErr("", ErrCorrupt, "cannot read the listing of the squashfs file", "the squashfs file is damaged; rebuild it", sc.Err())
+	}
+	if lerr != nil {
+		cancel()
+	}
+	werr := cmd.Wait()
+	if lerr != nil {
+		return lerr
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if werr != nil {
+		if e, ok := decodeHelperError(stderr.b); ok {
+			return e
+		}
+		return newErr("", ErrCorrupt, "unsquashfs cannot list the file: "+strings.TrimSpace(lastLines(string(stderr.b), 3)), "the squashfs file is damaged; rebuild it", werr)
+	}
+	return nil
 }
 
 func lastLines(s string, n int) string {

@@ -17,12 +17,17 @@ import (
 )
 
 // probeResult is what probing a local path yields: its kind, its digest
-// ("sha256:<hex>", the cache key) and its size in bytes (0 for directories).
+// ("sha256:<hex>", the cache key) and its size in bytes: of a file; of the
+// regular files of a root filesystem directory (each inode once); for an
+// OCI layout directory, the most bytes its stream (writeLayoutTar) can
+// have. Entries counts a root filesystem directory's entries. Size and
+// Entries bound what root accepts from the stream of the path.
 // It is also the JSON the helper child prints for the "probe" operation.
 type probeResult struct {
-	Kind   Kind   `json:"kind"`
-	Digest string `json:"digest,omitempty"`
-	Size   int64  `json:"size"`
+	Kind    Kind   `json:"kind"`
+	Digest  string `json:"digest,omitempty"`
+	Size    int64  `json:"size"`
+	Entries int64  `json:"entries,omitempty"`
 }
 
 // Magic numbers, each at its offset in the first block of a file.
@@ -74,16 +79,34 @@ func probeDir(p string, digest bool) (probeResult, error) {
 		if err != nil {
 			return probeResult{}, err
 		}
-		return probeResult{Kind: KindOCILayout, Digest: info.digest.String()}, nil
+		n, err := layoutStreamBound(p)
+		if err != nil {
+			return probeResult{}, err
+		}
+		return probeResult{Kind: KindOCILayout, Digest: info.digest.String(), Size: n}, nil
 	}
 	if !looksLikeRoot(names) {
 		return probeResult{}, newErr("", ErrUnsupported, "the directory is not a root filesystem (it has neither usr nor bin)", hintLocal, nil)
 	}
 	th := newTreeHasher()
+	r := probeResult{Kind: KindRootfs}
+	type inode struct{ dev, ino uint64 }
+	seen := map[inode]bool{}
 	err = walkTree(p, func(rel string, full string, fi fs.FileInfo, st *syscall.Stat_t) error {
 		e, ok := treeEntryFromStat(rel, full, fi, st)
 		if !ok {
 			return nil
+		}
+		r.Entries++
+		if e.typ == 'f' {
+			// writeTreeTar sends the data of a hard-linked inode once.
+			key := inode{uint64(st.Dev), st.Ino}
+			if st.Nlink == 1 || !seen[key] {
+				r.Size += e.size
+			}
+			if st.Nlink > 1 {
+				seen[key] = true
+			}
 		}
 		if e.typ == 'f' || e.typ == 'd' {
 			mode := uint32(unix.R_OK)
@@ -100,7 +123,8 @@ func probeDir(p string, digest bool) (probeResult, error) {
 	if err != nil {
 		return probeResult{}, err
 	}
-	return probeResult{Kind: KindRootfs, Digest: th.digest()}, nil
+	r.Digest = th.digest()
+	return r, nil
 }
 
 func probeFile(p string, digest bool) (probeResult, error) {

@@ -46,8 +46,8 @@ func prepareRegistry(ctx context.Context, ref string, o Options) (*Image, error)
 	if err != nil {
 		return nil, registryErr(r, err)
 	}
-	return prepareCached(ctx, ref, KindRegistry, dg.String(), o, func(ctx context.Context, work, rootfs string) (Config, error) {
-		cfg, err := unpackImage(ctx, img, rootfs, o)
+	return prepareCached(ctx, ref, KindRegistry, dg.String(), o, func(ctx context.Context, work, rootfs string, b budget) (Config, error) {
+		cfg, err := unpackImage(ctx, img, rootfs, b, o)
 		if err != nil {
 			var e *Error
 			if errors.As(err, &e) {
