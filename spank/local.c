@@ -19,7 +19,8 @@ extern char **environ;
 /*
  * srun/sbatch/salloc after option parsing: run
  *   <launcher> --config F validate --image IMG [--debug] [--mounts ...]
- * as the calling user, stderr passed through. Non-zero refuses the job.
+ * as the calling user, stderr passed through. Non-zero refuses the job,
+ * as do --microvm-* options without --microvm (mv_options_orphan).
  */
 int mv_local_init_post_opt(spank_t sp)
 {
@@ -28,11 +29,13 @@ int mv_local_init_post_opt(spank_t sp)
 
 	(void)sp;
 	if (!mv.opt.image) {
-		if (mv.opt.mounts || mv.opt.workdir || mv.opt.mpi ||
-		    mv.opt.debug)
-			mv_debug("--microvm-* options without --microvm=IMAGE: "
-				 "nothing to validate here");
-		return 0;
+		char *orphan = mv_options_orphan();
+
+		if (!orphan)
+			return 0;
+		mv_error("%s", orphan);
+		free(orphan);
+		return -1;
 	}
 
 	mv_argv_launcher(&a, "validate");

@@ -96,6 +96,11 @@ void mv_state_reset(void);
 int mv_config_load(int ac, char **av);
 int mv_options_register(spank_t sp);
 int mv_is_multi_prog_data(int argc, char **argv);
+/*
+ * NULL when the options are consistent, else a malloc'ed message naming
+ * the --microvm-* options given without --microvm=IMAGE and the fix.
+ */
+char *mv_options_orphan(void);
 struct mv_argv;
 /* Adds [--debug] [--mounts M] [--workdir W] [--mpi X] from the options. */
 void mv_argv_options(struct mv_argv *a);

@@ -169,10 +169,13 @@ int mv_remote_init_post_opt(spank_t sp)
 	uint64_t mem = 0;
 	const char *host;
 	spank_err_t err;
+	char *orphan = NULL;
 	uid_t uid;
 	gid_t gid;
 
-	if (!mv.opt.image)
+	/* srun refuses --microvm-* without --microvm; should such a step
+	 * arrive anyway, its tasks are refused, never run on the host. */
+	if (!mv.opt.image && !(orphan = mv_options_orphan()))
 		return 0;
 
 	if ((err = spank_get_item(sp, S_JOB_ID, &s->job)) != ESPANK_SUCCESS ||
@@ -180,12 +183,14 @@ int mv_remote_init_post_opt(spank_t sp)
 	    ESPANK_SUCCESS) {
 		mv_error("cannot read the job and step id: %s",
 			 spank_strerror(err));
+		free(orphan);
 		return -1;
 	}
 	if ((host = mv_host_step(s->step))) {
 		mv_debug("job %u: the %s step runs on the host; --microvm "
 			 "applies to the steps launched inside it", s->job,
 			 host);
+		free(orphan);
 		return 0;
 	}
 	if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &s->restart) !=
@@ -194,6 +199,11 @@ int mv_remote_init_post_opt(spank_t sp)
 
 	/* From here on the tasks never run outside the microVM. */
 	s->active = 1;
+	if (orphan) {
+		mv_step_fail("%s", orphan);
+		free(orphan);
+		return 0;
+	}
 
 	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS &&
 	    mv_is_multi_prog_data(argc, argv)) {

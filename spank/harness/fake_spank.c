@@ -206,6 +206,16 @@ int fake_option_has_arg(int i)
 	return fake.opts[i].has_arg;
 }
 
+const char *fake_option_arginfo(int i)
+{
+	return fake.opts[i].arginfo;
+}
+
+const char *fake_option_usage(int i)
+{
+	return fake.opts[i].usage;
+}
+
 int fake_call(int hook, int task, int ac, char **av)
 {
 	spank_f *fn = NULL;

@@ -54,5 +54,7 @@ const char *fake_log(void);
 int fake_noptions(void);
 const char *fake_option_name(int i);
 int fake_option_has_arg(int i);
+const char *fake_option_arginfo(int i); /* NULL when none */
+const char *fake_option_usage(int i);
 
 #endif

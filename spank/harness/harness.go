@@ -188,6 +188,45 @@ func (h *Host) Options() []string {
 	return out
 }
 
+// OptionHelp is one registered option as Slurm's --help shows it:
+// "--Name=ArgInfo  Usage" (ArgInfo empty for an option without value).
+type OptionHelp struct {
+	Name, ArgInfo, Usage string
+}
+
+// Help lists the registered options with their arginfo and usage.
+func (h *Host) Help() []OptionHelp {
+	var out []OptionHelp
+	for i := 0; i < int(C.fake_noptions()); i++ {
+		o := OptionHelp{Name: C.GoString(C.fake_option_name(C.int(i))), Usage: C.GoString(C.fake_option_usage(C.int(i)))}
+		if a := C.fake_option_arginfo(C.int(i)); a != nil {
+			o.ArgInfo = C.GoString(a)
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// PluginConfig is the plugin's configuration once plugstack.conf's
+// arguments are loaded (struct mv_config).
+type PluginConfig struct {
+	Loaded                 bool
+	Launcher, Exec, Config string
+	TimeoutS               uint
+}
+
+// Config reads the plugin's loaded configuration.
+func (h *Host) Config() PluginConfig {
+	c := C.mv.cfg
+	str := func(p *C.char) string {
+		if p == nil {
+			return ""
+		}
+		return C.GoString(p)
+	}
+	return PluginConfig{Loaded: c.loaded != 0, Launcher: str(c.launcher), Exec: str(c.exec), Config: str(c.config), TimeoutS: uint(c.timeout_s)}
+}
+
 // SetArgv replaces S_JOB_ARGV, as each forked task starts from the job's.
 func (h *Host) SetArgv(argv []string) {
 	cargv, free := cStrings(argv)
