@@ -45,7 +45,7 @@
 
 /*
  * Plugin configuration from plugstack.conf, e.g.
- *   required /usr/lib/x86_64-linux-gnu/slurm/spank_microvm.so \
+ *   required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_microvm.so \
  *       launcher=/usr/local/bin/slurm-microvm config=/etc/slurm/microvm.toml
  * All paths are absolute. timeout_s bounds every synchronous launcher call.
  */
