@@ -49,8 +49,9 @@ type Env struct {
 
 // Setup builds and installs the launcher, agent and plugin under Root,
 // writes the node config, builds the test image, and starts a one-node
-// Slurm with the plugin in plugstack.conf.
-func Setup(t testing.TB) *Env {
+// Slurm with the plugin in plugstack.conf. clusterEnv are extra settings
+// for test/cluster/up.sh (e.g. "SELECT_TYPE_PARAMETERS=CR_Core").
+func Setup(t testing.TB, clusterEnv ...string) *Env {
 	t.Helper()
 	fixture.RequireRoot(t)
 	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs", "busybox", "make", "cc")
@@ -133,7 +134,7 @@ scratch_base = %q
 	plug := fmt.Sprintf("required %s launcher=%s config=%s", filepath.Join(bin, "spank_microvm.so"), e.Launcher, cfg)
 	// Two fake GPUs (character devices 195:N, as Slurm requires) for the
 	// GPU steps; steps without --gres are unaffected.
-	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2})
+	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2, Env: clusterEnv})
 	u, err := user.Lookup(cluster.TestUser)
 	if err != nil {
 		t.Fatal(err)
