@@ -2,21 +2,19 @@
 #
 #   make build     launcher, static guest agent, SPANK plugin into bin/
 #   make install   into PREFIX (default /usr/local) and Slurm's plugin dir
+#                  (dirs.mk: every install location, defined once)
 #   make assets    install, then build the guest kernel+initramfs into the cache
 #   make test      all tests (needs root and the packages of hack/setup-debian.sh)
 #   make bench     side-by-side benchmarks (test/bench)
 #   make demo      one-node Slurm + a real `srun --microvm` step (hack/demo.sh)
 
-PREFIX     ?= /usr/local
-BINDIR     ?= $(PREFIX)/bin
-LIBEXECDIR ?= $(PREFIX)/libexec/slurm-microvm
-SPANKDIR   ?= /usr/lib/x86_64-linux-gnu/slurm-wlm
-SYSCONFDIR ?= /etc/slurm
-DESTDIR    ?=
+include dirs.mk
+
 GO         ?= go
 VERSION    ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 GOFLAGS    ?= -trimpath
 TESTFLAGS  ?=
+INSTALL    := sh hack/install.sh
 
 .PHONY: all build install assets test unit e2e bench demo clean fmt vet
 
@@ -26,17 +24,21 @@ build:
 	mkdir -p bin
 	$(GO) build $(GOFLAGS) -ldflags "-X main.version=$(VERSION)" -o bin/slurm-microvm ./cmd/slurm-microvm
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -o bin/slurm-microvm-agent ./cmd/slurm-microvm-agent
-	ln -sf slurm-microvm bin/slurm-microvm-exec
+	$(INSTALL) -l slurm-microvm bin/slurm-microvm-exec
 	$(MAKE) -C spank
-	cp spank/spank_microvm.so bin/
+	$(INSTALL) -m 0755 spank/spank_microvm.so bin/spank_microvm.so
 
+# Every file is written next to its destination and renamed over it
+# (hack/install.sh): a slurmd or slurmstepd that has the old plugin mapped
+# keeps it intact, and no path is ever missing (test/harness
+# TestMakeInstallRenames).
 install: build
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBEXECDIR) $(DESTDIR)$(SPANKDIR) $(DESTDIR)$(SYSCONFDIR)
-	install -m 0755 bin/slurm-microvm $(DESTDIR)$(BINDIR)/slurm-microvm
-	ln -sf slurm-microvm $(DESTDIR)$(BINDIR)/slurm-microvm-exec
-	install -m 0755 bin/slurm-microvm-agent $(DESTDIR)$(LIBEXECDIR)/slurm-microvm-agent
-	install -m 0755 bin/spank_microvm.so $(DESTDIR)$(SPANKDIR)/spank_microvm.so
-	test -e $(DESTDIR)$(SYSCONFDIR)/microvm.toml || install -m 0644 etc/microvm.toml $(DESTDIR)$(SYSCONFDIR)/microvm.toml
+	$(INSTALL) -m 0755 bin/slurm-microvm $(DESTDIR)$(BINDIR)/slurm-microvm
+	$(INSTALL) -l slurm-microvm $(DESTDIR)$(BINDIR)/slurm-microvm-exec
+	$(INSTALL) -m 0755 bin/slurm-microvm-agent $(DESTDIR)$(LIBEXECDIR)/slurm-microvm-agent
+	$(INSTALL) -m 0755 bin/spank_microvm.so $(DESTDIR)$(SPANKDIR)/spank_microvm.so
+	test -e $(DESTDIR)$(SYSCONFDIR)/microvm.toml || $(INSTALL) -m 0644 etc/microvm.toml $(DESTDIR)$(SYSCONFDIR)/microvm.toml
 
 assets: install
 	$(DESTDIR)$(BINDIR)/slurm-microvm assets

@@ -23,7 +23,8 @@ go run ./test/mkimage -o "$IMG" -name "slurm-microvm demo" >/dev/null
 echo "== image $IMG"
 
 STATE=/run/slurm-microvm-demo
-PLUGSTACK_LINE="required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_microvm.so launcher=/usr/local/bin/slurm-microvm config=/etc/slurm/microvm.toml" \
+# The line an admin installs (etc/plugstack.conf), paths as `make install` put them.
+PLUGSTACK_LINE="$(grep '^required ' etc/plugstack.conf)" \
 	bash test/cluster/up.sh "$STATE" >/tmp/slurm-microvm-demo-up.log
 # shellcheck disable=SC1091
 . "$STATE/env"

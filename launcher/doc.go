@@ -33,6 +33,22 @@
 //     the system log (journald/syslog); not every node runs one that
 //     slurmd's children reach, and an admin looking for one step's log
 //     finds a file by job id.
+//   - Where Slurm allocates no memory (SelectTypeParameters without
+//     CR_*_Memory), S_STEP_ALLOC_MEM and S_JOB_ALLOC_MEM are 0 whatever the
+//     job asked (measured on 22.05), so the guest is sized from the job's
+//     own request instead (size.go GuestMemoryMiB): --mem, else
+//     --mem-per-cpu times the guest's vCPUs, minus the same overhead; a
+//     request that leaves less than min_memory_mib is refused at prepare
+//     (--mem) or before boot (--mem-per-cpu, whose CPU count is known only
+//     then), naming the smallest request that fits. The request arrives as
+//     SLURM_MEM_PER_NODE/SLURM_MEM_PER_CPU of the step's environment: sbatch
+//     and salloc jobs carry them (the job's request, also for a step that
+//     asks its own --mem: Slurm keeps no step request a plugin can read);
+//     for a job srun allocated itself the plugin reads the request with one
+//     slurm_load_job in srun and exports the same variable. Not chosen: an
+//     RPC per node from slurmstepd or the launcher (load on slurmctld at
+//     scale), or the default size (the reported bug: --mem=700 gave a 1 GiB
+//     guest whose VMM used 1.19 GB). --mem-per-gpu is not read.
 //   - The identity of every guest process is fixed by the supervisor at
 //     Setup (uid, gid, groups from the plugin, i.e. from slurmstepd), never
 //     by the exec client, which runs as the user.

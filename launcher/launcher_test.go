@@ -15,33 +15,6 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
-func TestGuestMemoryMiB(t *testing.T) {
-	r := config.Defaults().Resources // overhead 256, default 1024, min 128
-	tests := []struct {
-		step    uint64
-		want    uint64
-		wantErr string
-	}{
-		{0, 1024, ""},
-		{4096, 3840, ""},
-		{384, 128, ""},
-		{383, 0, "ask for --mem=384M or more"},
-		{100, 0, "step memory 100 MiB leaves less than 128 MiB"},
-	}
-	for _, tt := range tests {
-		got, err := GuestMemoryMiB(tt.step, r)
-		if tt.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Errorf("GuestMemoryMiB(%d) error %v, want %q", tt.step, err, tt.wantErr)
-			}
-			continue
-		}
-		if err != nil || got != tt.want {
-			t.Errorf("GuestMemoryMiB(%d) = %d, %v; want %d", tt.step, got, err, tt.want)
-		}
-	}
-}
-
 func TestTaskEnv(t *testing.T) {
 	in := []string{"A=1", EnvArgv0 + "=hostname", EnvStep + "=1.0.0", EnvConfig + "=/etc/x", EnvState + "=/run/x", "SLURM_PROCID=0"}
 	got := strings.Join(TaskEnv(in), " ")
@@ -159,15 +132,6 @@ func write(t *testing.T, dir, name, content string) {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func TestOverlayMiB(t *testing.T) {
-	r := config.Defaults().Resources // overlay 1024
-	for _, tt := range []struct{ guest, want uint64 }{{4096, 1024}, {1024, 512}, {96, 48}, {1, 1}} {
-		if got := OverlayMiB(tt.guest, r); got != tt.want {
-			t.Errorf("OverlayMiB(%d) = %d, want %d", tt.guest, got, tt.want)
-		}
 	}
 }
 

@@ -54,7 +54,7 @@ func (l *Launcher) Prepare(ctx context.Context, s *Spec) error {
 	if s.LocalTasks < 0 {
 		return fmt.Errorf("prepare: %d local tasks", s.LocalTasks)
 	}
-	if _, err := GuestMemoryMiB(s.MemMiB, l.Config.Resources); err != nil {
+	if _, err := GuestMemoryMiB(s, 0, l.Config.Resources); err != nil {
 		return err
 	}
 	d := s.Dir(l.Config)
@@ -348,19 +348,10 @@ func releaseGPUs(ctx context.Context, d state.Dir) error {
 // boot resolves the image and the guest assets and starts the sandbox.
 func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Logger) (driver.Sandbox, error) {
 	c := l.Config
-	memMiB, err := GuestMemoryMiB(s.MemMiB, c.Resources)
+	cpus := GuestCPUs(s, os.Getpid())
+	memMiB, err := GuestMemoryMiB(s, cpus, c.Resources)
 	if err != nil {
 		return nil, err
-	}
-	cpus := s.CPUs
-	if cpus == 0 {
-		cpus = cgroup.CPUs(os.Getpid())
-	}
-	if n, err := cgroup.CountList(s.Cores); cpus == 0 && err == nil && n > 0 {
-		cpus = n
-	}
-	if cpus == 0 {
-		cpus = 1
 	}
 	accel := qemu.ResolveAccel(c.QEMU.Accel)
 	if err := l.phase(ctx, d, "plan GPUs"); err != nil {

@@ -23,6 +23,11 @@ type Spec struct {
 	Cores string `json:"cores"`
 	// MemMiB is S_STEP_ALLOC_MEM (Slurm's MB are MiB); 0: no limit.
 	MemMiB uint64 `json:"mem_mib"`
+	// MemPerNodeMiB and MemPerCPUMiB are the job's own --mem and
+	// --mem-per-cpu (SLURM_MEM_PER_NODE, SLURM_MEM_PER_CPU; 0: not given),
+	// which size the guest where Slurm allocates no memory (GuestMemoryMiB).
+	MemPerNodeMiB uint64 `json:"mem_per_node_mib,omitempty"`
+	MemPerCPUMiB  uint64 `json:"mem_per_cpu_mib,omitempty"`
 	// GPUs is SLURM_STEP_GPUS: the node's global GPU indices.
 	GPUs string `json:"gpus,omitempty"`
 	// CPUs, when set, is the vCPU count (`run --cpus`); else the step's
@@ -66,34 +71,4 @@ func ReadSpec(dir string) (*Spec, error) {
 		return nil, fmt.Errorf("parse %s: %w", filepath.Join(dir, state.SpecFile), err)
 	}
 	return &s, nil
-}
-
-// GuestMemoryMiB sizes the guest from the step's allocation (MiB, 0 = no
-// limit): allocation minus the VMM overhead, or the configured default when
-// there is no limit. It fails when less than the configured minimum would
-// remain, naming the --mem that would fit.
-func GuestMemoryMiB(stepMiB uint64, r config.Resources) (uint64, error) {
-	if stepMiB == 0 {
-		return uint64(r.DefaultMemoryMiB), nil
-	}
-	minStep := uint64(r.MinMemoryMiB + r.VMMOverheadMiB)
-	if stepMiB < minStep {
-		return 0, fmt.Errorf("step memory %d MiB leaves less than %d MiB for the guest after the VMM's %d MiB; ask for --mem=%dM or more",
-			stepMiB, r.MinMemoryMiB, r.VMMOverheadMiB, minStep)
-	}
-	return stepMiB - uint64(r.VMMOverheadMiB), nil
-}
-
-// OverlayMiB sizes the guest's writable tmpfs layer: the configured size,
-// but at most half the guest's memory (tmpfs's own default), so that a
-// full layer is "No space left on device", not an out-of-memory kill.
-func OverlayMiB(guestMiB uint64, r config.Resources) uint64 {
-	o := uint64(r.OverlayMiB)
-	if half := guestMiB / 2; o > half {
-		o = half
-	}
-	if o < 1 {
-		o = 1
-	}
-	return o
 }

@@ -1,22 +1,29 @@
 /*
  * args.c - plugstack.conf arguments and the --microvm* options.
  *
- * plugstack.conf arguments (all optional, paths absolute):
+ * plugstack.conf arguments (all optional, paths absolute; etc/plugstack.conf
+ * lists the same ones, a harness test loads the plugin with them):
  *   launcher=PATH  slurm-microvm   (default /usr/local/bin/slurm-microvm)
  *   exec=PATH      exec entry      (default <launcher>-exec)
  *   config=PATH    --config        (default /etc/slurm/microvm.toml)
- *                                  (default /run/slurm-microvm)
  *   timeout=SECS   bound of every synchronous launcher call (default 300)
  * Anything else is refused with its name, so a typo never goes unnoticed.
+ * The runtime directory is microvm.toml's runtime_dir, not an argument.
  *
  * Options are registered with spank_option_register() in every context
- * (sbatch/salloc ignore a static spank_options table). Their callbacks only
- * copy the value: Slurm may call them twice with the same value (job
- * options, then the environment), and the value is judged by the launcher
- * (`slurm-microvm validate`), not here.
+ * (sbatch/salloc ignore a static spank_options table). Their callbacks copy
+ * the value; the value itself is judged by the launcher (`slurm-microvm
+ * validate`), not here. Two rules are the plugin's own, as in pyxis:
+ *   - one option, one value: Slurm may call a callback twice with the same
+ *     value (job options, then the environment), which is accepted; a
+ *     second, different value is refused, naming both;
+ *   - a --microvm-* option without --microvm=IMAGE is refused
+ *     (mv_options_orphan): without an image the step would run on the host
+ *     and the option would silently do nothing.
  */
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,23 +39,33 @@ enum {
 
 static int mv_option_cb(int val, const char *optarg, int remote);
 
+/*
+ * Accepted forms of each value (arginfo) and one "[microvm]" heading on
+ * every line, as Slurm's --help lists all plugins' options together. The
+ * MPI modes are launcher.MPIModes (a harness test compares them).
+ */
 static struct spank_option mv_spank_options[] = {
-	{ "microvm", "IMAGE",
-	  "Run the step's tasks inside a microVM booted from IMAGE "
-	  "(one VM per step per node).",
+	{ "microvm", "[docker://]REGISTRY/IMAGE[:TAG]|PATH",
+	  "[microvm] run the step's tasks inside a microVM booted from this "
+	  "image (one VM per step per node). PATH: an OCI archive or layout, "
+	  "a squashfs file or a root directory, absolute or ./relative",
 	  1, MV_OPT_IMAGE, mv_option_cb },
 	{ "microvm-debug", NULL,
-	  "Verbose microVM launcher logs and the guest console log.",
+	  "[microvm] verbose launcher logs and the guest console on the "
+	  "stderr of local task 0 (needs --microvm)",
 	  0, MV_OPT_DEBUG, mv_option_cb },
-	{ "microvm-mounts", "SPEC",
-	  "Host paths shared with the microVM (SPEC as in slurm-microvm "
-	  "validate --help).",
+	{ "microvm-mounts", "SRC[:DST[:FLAGS]],...",
+	  "[microvm] host directories in the guest (needs --microvm). DST "
+	  "defaults to SRC; FLAGS ro (default), rw, optional, joined with +; "
+	  "escape , : \\ in paths as \\, \\: \\\\",
 	  1, MV_OPT_MOUNTS, mv_option_cb },
 	{ "microvm-workdir", "DIR",
-	  "Working directory of the tasks inside the microVM.",
+	  "[microvm] working directory of the tasks in the guest, absolute "
+	  "(needs --microvm; default: the image's WORKDIR, else /)",
 	  1, MV_OPT_WORKDIR, mv_option_cb },
-	{ "microvm-mpi", "MODE",
-	  "MPI integration mode inside the microVM.",
+	{ "microvm-mpi", "auto|host|image|off",
+	  "[microvm] the host's MPI in the guest: when the ABIs match (auto, "
+	  "the default), always (host), never (image, off) (needs --microvm)",
 	  1, MV_OPT_MPI, mv_option_cb },
 	SPANK_OPTIONS_TABLE_END
 };
@@ -96,6 +113,7 @@ static int mv_option_cb(int val, const char *optarg, int remote)
 	const char *name = mv_option_name(val);
 	char **dst = NULL;
 
+	(void)remote;
 	switch (val) {
 	case MV_OPT_DEBUG:
 		mv.opt.debug = 1;
@@ -127,14 +145,47 @@ static int mv_option_cb(int val, const char *optarg, int remote)
 			 MV_MAX_OPTARG);
 		return -1;
 	}
-	if (*dst && strcmp(*dst, optarg) != 0)
-		mv_debug("--%s: \"%s\" replaces \"%s\"%s", name, optarg, *dst,
-			 remote ? " (remote)" : "");
+	if (*dst) {
+		/* Slurm replays options: the same value again is no news. */
+		if (!strcmp(*dst, optarg))
+			return 0;
+		mv_error("--%s is given twice with different values (\"%s\", "
+			 "then \"%s\"): give it once", name, *dst, optarg);
+		return -1;
+	}
 	if (mv_set_string(dst, optarg) < 0) {
 		mv_error("--%s: out of memory", name);
 		return -1;
 	}
 	return 0;
+}
+
+char *mv_options_orphan(void)
+{
+	char given[128] = "", *msg = NULL;
+	int n = 0;
+
+	if (mv.opt.image)
+		return NULL;
+#define MV_ORPHAN(set, opt)                                                  \
+	do {                                                                 \
+		if (set) {                                                   \
+			strcat(given, n++ ? ", " opt : opt);                 \
+		}                                                            \
+	} while (0)
+	MV_ORPHAN(mv.opt.debug, "--microvm-debug");
+	MV_ORPHAN(mv.opt.mounts, "--microvm-mounts");
+	MV_ORPHAN(mv.opt.workdir, "--microvm-workdir");
+	MV_ORPHAN(mv.opt.mpi, "--microvm-mpi");
+#undef MV_ORPHAN
+	if (!n)
+		return NULL;
+	if (asprintf(&msg, "%s %s --microvm=IMAGE: without an image the step "
+		     "would run on the host, not in a microVM; add "
+		     "--microvm=IMAGE or drop %s", given,
+		     n > 1 ? "need" : "needs", given) < 0)
+		return NULL;
+	return msg;
 }
 
 /* Checks one path argument of plugstack.conf: present and absolute. */

@@ -7,10 +7,13 @@
  * own message on the user's terminal, instead of on a compute node later.
  */
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <slurm/slurm.h>
 
 #include "microvm.h"
 
@@ -19,7 +22,8 @@ extern char **environ;
 /*
  * srun/sbatch/salloc after option parsing: run
  *   <launcher> --config F validate --image IMG [--debug] [--mounts ...]
- * as the calling user, stderr passed through. Non-zero refuses the job.
+ * as the calling user, stderr passed through. Non-zero refuses the job,
+ * as do --microvm-* options without --microvm (mv_options_orphan).
  */
 int mv_local_init_post_opt(spank_t sp)
 {
@@ -28,11 +32,13 @@ int mv_local_init_post_opt(spank_t sp)
 
 	(void)sp;
 	if (!mv.opt.image) {
-		if (mv.opt.mounts || mv.opt.workdir || mv.opt.mpi ||
-		    mv.opt.debug)
-			mv_debug("--microvm-* options without --microvm=IMAGE: "
-				 "nothing to validate here");
-		return 0;
+		char *orphan = mv_options_orphan();
+
+		if (!orphan)
+			return 0;
+		mv_error("%s", orphan);
+		free(orphan);
+		return -1;
 	}
 
 	mv_argv_launcher(&a, "validate");
@@ -107,7 +113,51 @@ static int mv_local_is_multi_prog(int argc, char **argv)
 	return same;
 }
 
-/* srun, after the allocation and before the launch: refuse --multi-prog. */
+/*
+ * The job's memory request reaches slurmstepd as SLURM_MEM_PER_NODE or
+ * SLURM_MEM_PER_CPU in the step's environment: jobs that sbatch or salloc
+ * allocated carry them already, a job that srun allocated itself carries
+ * neither (Slurm 22.05, measured). For those, srun reads the job's request
+ * (job_info_t.pn_min_memory, one slurm_load_job of the user's own job)
+ * and exports the same variable, which srun then sends with the step.
+ * Where Slurm allocates memory this changes nothing (S_STEP_ALLOC_MEM
+ * wins); where it does not, the guest is sized from it.
+ */
+static void mv_local_export_mem(spank_t sp)
+{
+	job_info_msg_t *msg = NULL;
+	uint32_t job = 0;
+	uint64_t mem;
+	const char *name;
+	char buf[32];
+
+	if (getenv("SLURM_MEM_PER_NODE") || getenv("SLURM_MEM_PER_CPU"))
+		return;
+	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS)
+		return;
+	if (slurm_load_job(&msg, job, SHOW_ALL) != 0 || !msg ||
+	    msg->record_count < 1) {
+		mv_debug("job %u: cannot read its memory request: the guest "
+			 "is sized from the allocation or the default", job);
+		if (msg)
+			slurm_free_job_info_msg(msg);
+		return;
+	}
+	mem = msg->job_array[0].pn_min_memory;
+	slurm_free_job_info_msg(msg);
+	if (mem == NO_VAL64 || !(mem & ~MEM_PER_CPU))
+		return;
+	name = (mem & MEM_PER_CPU) ? "SLURM_MEM_PER_CPU" : "SLURM_MEM_PER_NODE";
+	snprintf(buf, sizeof(buf), "%llu",
+		 (unsigned long long)(mem & ~MEM_PER_CPU));
+	if (setenv(name, buf, 0) < 0)
+		mv_debug("job %u: cannot export %s", job, name);
+}
+
+/*
+ * srun, after the allocation and before the launch: refuse --multi-prog;
+ * export the job's memory request for the step.
+ */
 int mv_local_user_init(spank_t sp)
 {
 	char **argv = NULL;
@@ -115,13 +165,12 @@ int mv_local_user_init(spank_t sp)
 
 	if (!mv.opt.image)
 		return 0;
-	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS) {
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS)
 		mv_debug("local_user_init: no S_JOB_ARGV");
-		return 0;
-	}
-	if (mv_local_is_multi_prog(argc, argv)) {
+	else if (mv_local_is_multi_prog(argc, argv)) {
 		mv_error(MV_MULTI_PROG_MSG);
 		return -1;
 	}
+	mv_local_export_mem(sp);
 	return 0;
 }

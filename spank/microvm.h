@@ -45,7 +45,7 @@
 
 /*
  * Plugin configuration from plugstack.conf, e.g.
- *   required /usr/lib/x86_64-linux-gnu/slurm/spank_microvm.so \
+ *   required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_microvm.so \
  *       launcher=/usr/local/bin/slurm-microvm config=/etc/slurm/microvm.toml
  * All paths are absolute. timeout_s bounds every synchronous launcher call.
  */
@@ -96,6 +96,11 @@ void mv_state_reset(void);
 int mv_config_load(int ac, char **av);
 int mv_options_register(spank_t sp);
 int mv_is_multi_prog_data(int argc, char **argv);
+/*
+ * NULL when the options are consistent, else a malloc'ed message naming
+ * the --microvm-* options given without --microvm=IMAGE and the fix.
+ */
+char *mv_options_orphan(void);
 struct mv_argv;
 /* Adds [--debug] [--mounts M] [--workdir W] [--mpi X] from the options. */
 void mv_argv_options(struct mv_argv *a);

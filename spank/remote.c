@@ -102,6 +102,26 @@ static void mv_step_fail(const char *fmt, ...)
 		free(msg);
 }
 
+/*
+ * Reads the job's environment variable name into buf ("" when unset).
+ * Returns -1, with the step failed, when it cannot be read whole.
+ */
+static int mv_getenv(spank_t sp, const char *name, char *buf, int len)
+{
+	spank_err_t err = spank_getenv(sp, name, buf, len);
+
+	if (err == ESPANK_ENV_NOEXIST) {
+		buf[0] = '\0';
+		return 0;
+	}
+	if (err != ESPANK_SUCCESS) {
+		mv_step_fail("cannot read %s of the job: %s", name,
+			     spank_strerror(err));
+		return -1;
+	}
+	return 0;
+}
+
 /* The login name of uid (getpwuid_r, growing the buffer on ERANGE). */
 static char *mv_user_name(uid_t uid, int *err)
 {
@@ -153,7 +173,9 @@ static char *mv_groups(spank_t sp)
  * slurmstepd, root, before any task exists: record the step and run
  *   <launcher> --config F prepare --job J --step S --restart R --uid U
  *     --gid G --groups g1,g2 --user NAME --image IMG --cores CORES
- *     --mem-mb M --gpus GPUS --tasks N [--cwd SLURM_SUBMIT_DIR] [--debug]
+ *     --mem-mb M [--mem-per-node SLURM_MEM_PER_NODE]
+ *     [--mem-per-cpu SLURM_MEM_PER_CPU] --gpus GPUS --tasks N
+ *     [--cwd SLURM_SUBMIT_DIR] [--debug]
  *     [--mounts ...]
  * Returns -1 only when the step cannot even be named; any later failure is
  * recorded (mv_step_fail) and refuses the tasks.
@@ -163,16 +185,20 @@ int mv_remote_init_post_opt(spank_t sp)
 	struct mv_step *s = &mv.step;
 	struct mv_argv a = { 0 };
 	char gpus[4096] = "", cwd[4096] = "", menv[8192] = "";
+	char mem_node[64] = "", mem_cpu[64] = "";
 	char *user = NULL, *groups = NULL, *cores = NULL, *why = NULL;
 	char **argv = NULL;
 	int argc = 0, uerr = 0;
 	uint64_t mem = 0;
 	const char *host;
 	spank_err_t err;
+	char *orphan = NULL;
 	uid_t uid;
 	gid_t gid;
 
-	if (!mv.opt.image)
+	/* srun refuses --microvm-* without --microvm; should such a step
+	 * arrive anyway, its tasks are refused, never run on the host. */
+	if (!mv.opt.image && !(orphan = mv_options_orphan()))
 		return 0;
 
 	if ((err = spank_get_item(sp, S_JOB_ID, &s->job)) != ESPANK_SUCCESS ||
@@ -180,12 +206,14 @@ int mv_remote_init_post_opt(spank_t sp)
 	    ESPANK_SUCCESS) {
 		mv_error("cannot read the job and step id: %s",
 			 spank_strerror(err));
+		free(orphan);
 		return -1;
 	}
 	if ((host = mv_host_step(s->step))) {
 		mv_debug("job %u: the %s step runs on the host; --microvm "
 			 "applies to the steps launched inside it", s->job,
 			 host);
+		free(orphan);
 		return 0;
 	}
 	if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &s->restart) !=
@@ -194,6 +222,11 @@ int mv_remote_init_post_opt(spank_t sp)
 
 	/* From here on the tasks never run outside the microVM. */
 	s->active = 1;
+	if (orphan) {
+		mv_step_fail("%s", orphan);
+		free(orphan);
+		return 0;
+	}
 
 	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS &&
 	    mv_is_multi_prog_data(argc, argv)) {
@@ -215,6 +248,12 @@ int mv_remote_init_post_opt(spank_t sp)
 		cores = NULL;
 	if (spank_get_item(sp, S_STEP_ALLOC_MEM, &mem) != ESPANK_SUCCESS)
 		mem = 0;
+	/* The job's own --mem/--mem-per-cpu: where Slurm allocates no memory
+	 * (no CR_*_Memory) S_STEP_ALLOC_MEM is 0 and only these tell the
+	 * launcher what the job asked for (local.c exports them in srun). */
+	if (mv_getenv(sp, "SLURM_MEM_PER_NODE", mem_node, sizeof(mem_node)) < 0 ||
+	    mv_getenv(sp, "SLURM_MEM_PER_CPU", mem_cpu, sizeof(mem_cpu)) < 0)
+		return 0;
 	err = spank_getenv(sp, "SLURM_STEP_GPUS", gpus, sizeof(gpus));
 	if (err != ESPANK_SUCCESS && err != ESPANK_ENV_NOEXIST) {
 		mv_step_fail("cannot read SLURM_STEP_GPUS: %s",
@@ -256,6 +295,14 @@ int mv_remote_init_post_opt(spank_t sp)
 	mv_argv_add(&a, cores ? cores : "");
 	mv_argv_add(&a, "--mem-mb");
 	mv_argv_addf(&a, "%llu", (unsigned long long)mem);
+	if (mem_node[0]) {
+		mv_argv_add(&a, "--mem-per-node");
+		mv_argv_add(&a, mem_node);
+	}
+	if (mem_cpu[0]) {
+		mv_argv_add(&a, "--mem-per-cpu");
+		mv_argv_add(&a, mem_cpu);
+	}
 	mv_argv_add(&a, "--gpus");
 	mv_argv_add(&a, gpus);
 	mv_argv_add(&a, "--tasks");

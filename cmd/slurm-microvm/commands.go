@@ -123,6 +123,8 @@ func prepareCommand() *cli.Command {
 			&cli.StringFlag{Name: "image", Required: true},
 			&cli.StringFlag{Name: "cores", Usage: "S_STEP_ALLOC_CORES"},
 			&cli.Uint64Flag{Name: "mem-mb", Usage: "S_STEP_ALLOC_MEM (MiB, 0: no limit)"},
+			&cli.StringFlag{Name: "mem-per-node", Usage: "the job's --mem (SLURM_MEM_PER_NODE), sizes the guest when --mem-mb is 0"},
+			&cli.StringFlag{Name: "mem-per-cpu", Usage: "the job's --mem-per-cpu (SLURM_MEM_PER_CPU), sizes the guest when --mem-mb is 0"},
 			&cli.StringFlag{Name: "gpus", Usage: "SLURM_STEP_GPUS"},
 			&cli.IntFlag{Name: "tasks", Usage: "local task count"},
 			&cli.StringFlag{Name: "hostname"},
@@ -164,6 +166,14 @@ func prepareCommand() *cli.Command {
 			if _, err := fs.Parse(origin, mounts); err != nil {
 				return cli.Exit(err.Error(), 2)
 			}
+			perNode, err := launcher.ParseSlurmMiB("SLURM_MEM_PER_NODE", c.String("mem-per-node"))
+			if err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+			perCPU, err := launcher.ParseSlurmMiB("SLURM_MEM_PER_CPU", c.String("mem-per-cpu"))
+			if err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
 			img := c.String("image")
 			if (strings.HasPrefix(img, "./") || strings.HasPrefix(img, "../")) && c.String("cwd") != "" {
 				img = filepath.Join(c.String("cwd"), img)
@@ -171,6 +181,7 @@ func prepareCommand() *cli.Command {
 			s := &launcher.Spec{
 				ID: stepID(c), UID: uint32(c.Uint("uid")), GID: uint32(c.Uint("gid")), Groups: groups, User: name,
 				Image: img, Cores: c.String("cores"), MemMiB: c.Uint64("mem-mb"), GPUs: c.String("gpus"),
+				MemPerNodeMiB: perNode, MemPerCPUMiB: perCPU,
 				LocalTasks: c.Int("tasks"), Hostname: host, Debug: c.Bool("debug"),
 				Mounts: mounts, MountsOrigin: origin, Workdir: workdir, MPI: c.String("mpi"),
 			}

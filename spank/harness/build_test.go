@@ -1,6 +1,8 @@
 package harness
 
 import (
+	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 )
 
 // spankDir is the plugin's source directory.
@@ -178,5 +182,151 @@ extern spank_err_t spank_prepend_task_argv(spank_t spank, int argc, const char *
 	}
 	if !found {
 		t.Error("23.11 build does not call spank_prepend_task_argv")
+	}
+}
+
+// The plugin runs inside slurmstepd as root: it is built with full RELRO
+// and immediate binding (the GOT is read-only once loaded), a stack
+// protector and fortified libc calls. Read from the built .so itself.
+func TestHardenedBuild(t *testing.T) {
+	so := buildPlugin(t)
+	f, err := elf.Open(so)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+
+	if f.Type != elf.ET_DYN {
+		t.Errorf("%s is %v, want a shared object", so, f.Type)
+	}
+	relro := false
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_GNU_RELRO {
+			relro = true
+		}
+	}
+	if !relro {
+		t.Error("no PT_GNU_RELRO segment: link with -Wl,-z,relro")
+	}
+	flags, err := f.DynValue(elf.DT_FLAGS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags1, err := f.DynValue(elf.DT_FLAGS_1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := false
+	for _, v := range flags {
+		now = now || v&uint64(elf.DF_BIND_NOW) != 0
+	}
+	for _, v := range flags1 {
+		now = now || v&uint64(elf.DF_1_NOW) != 0
+	}
+	if !now {
+		t.Errorf("neither DT_FLAGS BIND_NOW nor DT_FLAGS_1 NOW (DT_FLAGS %#x, DT_FLAGS_1 %#x): link with -Wl,-z,now", flags, flags1)
+	}
+	if textrel, _ := f.DynValue(elf.DT_TEXTREL); len(textrel) > 0 {
+		t.Error("DT_TEXTREL: the plugin is not position-independent")
+	}
+
+	syms, err := f.ImportedSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chk []string
+	stackChk := false
+	for _, s := range syms {
+		switch {
+		case s.Name == "__stack_chk_fail":
+			stackChk = true
+		case strings.HasPrefix(s.Name, "__") && strings.HasSuffix(s.Name, "_chk"):
+			chk = append(chk, s.Name)
+		}
+	}
+	// remote.c keeps char buffers on the stack (spank_getenv), so a
+	// -fstack-protector-strong build imports __stack_chk_fail.
+	if !stackChk {
+		t.Error("no __stack_chk_fail import: build with -fstack-protector-strong")
+	}
+	// snprintf/vasprintf into fixed buffers are fortified by
+	// _FORTIFY_SOURCE=2 (-O2) into __*_chk variants.
+	if len(chk) == 0 {
+		t.Error("no __*_chk import: build with -D_FORTIFY_SOURCE=2 -O2")
+	}
+	t.Logf("fortified imports: %q", chk)
+}
+
+// makeVars evaluates variables of ../../dirs.mk, the one definition of
+// every install location.
+func makeVars(t *testing.T, names ...string) map[string]string {
+	t.Helper()
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skipf("make not installed: %v", err)
+	}
+	var rule strings.Builder
+	rule.WriteString("show:\n")
+	for _, n := range names {
+		fmt.Fprintf(&rule, "\t@echo '%s=$(%s)'\n", n, n)
+	}
+	cmd := exec.Command("make", "--no-print-directory", "-s", "-f", filepath.Join(spankDir, "..", "dirs.mk"), "-f", "-", "show")
+	cmd.Stdin = strings.NewReader(rule.String())
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("make dirs.mk: %v", err)
+	}
+	vars := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		k, v, _ := strings.Cut(l, "=")
+		vars[k] = v
+	}
+	return vars
+}
+
+// Every place that names an install location agrees with dirs.mk: both
+// Makefiles' install targets, etc/plugstack.conf, spank/README.md, the
+// plugin's built-in defaults and the launcher's default agent path.
+func TestInstallPathsAgree(t *testing.T) {
+	v := makeVars(t, "SPANKDIR", "BINDIR", "LIBEXECDIR", "SYSCONFDIR")
+	plugin := v["SPANKDIR"] + "/spank_microvm.so"
+	launcherPath := v["BINDIR"] + "/slurm-microvm"
+	configPath := v["SYSCONFDIR"] + "/microvm.toml"
+	agentPath := v["LIBEXECDIR"] + "/slurm-microvm-agent"
+
+	dest := t.TempDir()
+	for _, mk := range []struct{ dir, target string }{{spankDir, "install"}, {filepath.Join(spankDir, ".."), "install"}} {
+		out, err := exec.Command("make", "--no-print-directory", "-n", "-C", mk.dir, "DESTDIR="+dest, mk.target).CombinedOutput()
+		if err != nil {
+			t.Fatalf("make -n -C %s %s: %v\n%s", mk.dir, mk.target, err, out)
+		}
+		if !strings.Contains(string(out), " "+dest+plugin) {
+			t.Errorf("make -C %s install does not install the plugin as %s:\n%s", mk.dir, plugin, out)
+		}
+	}
+
+	so, line, _ := plugstackConf(t)
+	if so != plugin {
+		t.Errorf("etc/plugstack.conf loads %s, make install puts the plugin at %s", so, plugin)
+	}
+	if want := []string{"launcher=" + launcherPath, "config=" + configPath}; !slices.Equal(line, want) {
+		t.Errorf("etc/plugstack.conf arguments %q, want %q", line, want)
+	}
+	readme, err := os.ReadFile(filepath.Join(spankDir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	confLine := "required " + so + " " + strings.Join(line, " ")
+	if !strings.Contains(string(readme), confLine+"\n") {
+		t.Errorf("spank/README.md does not show etc/plugstack.conf's line %q", confLine)
+	}
+
+	h := NewHost(Job{Context: CtxLocal})
+	h.Call(HookInit, -1)
+	c := h.Config()
+	if c.Launcher != launcherPath || c.Exec != launcherPath+"-exec" || c.Config != configPath {
+		t.Errorf("plugin defaults %+v, want launcher %s, exec %s-exec, config %s (dirs.mk)", c, launcherPath, launcherPath, configPath)
+	}
+	if got := config.Defaults().QEMU.Agent; got != agentPath {
+		t.Errorf("launcher's default agent %s, make install puts it at %s", got, agentPath)
 	}
 }

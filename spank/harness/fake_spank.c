@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <slurm/slurm.h>
+
 #include "fake_spank.h"
 
 /* The plugin's entry points and reset (spank/microvm.c). */
@@ -49,6 +51,10 @@ static struct {
 
 	char *log;
 	size_t loglen;
+
+	uint64_t job_mem;
+	int job_fail, job_loads;
+	uint32_t loaded_job;
 } fake;
 
 static void fake_free_argv(void)
@@ -204,6 +210,16 @@ const char *fake_option_name(int i)
 int fake_option_has_arg(int i)
 {
 	return fake.opts[i].has_arg;
+}
+
+const char *fake_option_arginfo(int i)
+{
+	return fake.opts[i].arginfo;
+}
+
+const char *fake_option_usage(int i)
+{
+	return fake.opts[i].usage;
 }
 
 int fake_call(int hook, int task, int ac, char **av)
@@ -489,3 +505,44 @@ FAKE_LOGGER(slurm_verbose, "verbose")
 FAKE_LOGGER(slurm_debug, "debug")
 FAKE_LOGGER(slurm_debug2, "debug2")
 FAKE_LOGGER(slurm_debug3, "debug3")
+
+/* ------------------------------------------- libslurm: slurm_load_job */
+
+void fake_set_job_mem(uint64_t pn_min_memory, int fail)
+{
+	fake.job_mem = pn_min_memory;
+	fake.job_fail = fail;
+}
+
+int fake_load_job_calls(void)
+{
+	return fake.job_loads;
+}
+
+int slurm_load_job(job_info_msg_t **resp, uint32_t job_id,
+		   uint16_t show_flags)
+{
+	job_info_msg_t *m;
+
+	(void)show_flags;
+	fake.job_loads++;
+	fake.loaded_job = job_id;
+	*resp = NULL;
+	if (fake.job_fail || !fake.have[S_JOB_ID] || job_id != fake.u32[S_JOB_ID])
+		return -1;
+	m = calloc(1, sizeof(*m));
+	m->record_count = 1;
+	m->job_array = calloc(1, sizeof(slurm_job_info_t));
+	m->job_array[0].job_id = job_id;
+	m->job_array[0].pn_min_memory = fake.job_mem;
+	*resp = m;
+	return 0;
+}
+
+void slurm_free_job_info_msg(job_info_msg_t *m)
+{
+	if (!m)
+		return;
+	free(m->job_array);
+	free(m);
+}

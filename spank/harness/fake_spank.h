@@ -42,6 +42,13 @@ void fake_unset(int item);
 void fake_set_argv(int argc, char **argv);
 void fake_setenv(const char *name, const char *value);
 
+/*
+ * slurm_load_job(): the job's pn_min_memory (MEM_PER_CPU flag included);
+ * fail makes the call fail. Calls are counted (fake_load_job_calls).
+ */
+void fake_set_job_mem(uint64_t pn_min_memory, int fail);
+int fake_load_job_calls(void);
+
 /* Calls the plugin's callback for hook with plugstack args (ac, av). */
 int fake_call(int hook, int task, int ac, char **av);
 /* Calls the callback of a registered option; -1000 if none. */
@@ -54,5 +61,7 @@ const char *fake_log(void);
 int fake_noptions(void);
 const char *fake_option_name(int i);
 int fake_option_has_arg(int i);
+const char *fake_option_arginfo(int i); /* NULL when none */
+const char *fake_option_usage(int i);
 
 #endif

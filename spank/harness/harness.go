@@ -73,8 +73,11 @@ type Job struct {
 	Cores      *string  // S_STEP_ALLOC_CORES
 	MemMB      *uint64  // S_STEP_ALLOC_MEM
 	LocalTasks *uint32  // S_JOB_LOCAL_TASK_COUNT
-	Argv       []string // S_JOB_ARGV
-	Env        map[string]string
+	// JobMem is job_info_t.pn_min_memory as slurm_load_job reports it
+	// (MEM_PER_CPU flag included); nil makes slurm_load_job fail.
+	JobMem *uint64
+	Argv   []string // S_JOB_ARGV
+	Env    map[string]string
 }
 
 // U32 and friends take the address of a constant for Job fields.
@@ -109,6 +112,11 @@ func NewHost(job Job, args ...string) *Host {
 	setU32(C.S_JOB_LOCAL_TASK_COUNT, job.LocalTasks)
 	if job.MemMB != nil {
 		C.fake_set_u64(C.S_STEP_ALLOC_MEM, C.uint64_t(*job.MemMB))
+	}
+	if job.JobMem != nil {
+		C.fake_set_job_mem(C.uint64_t(*job.JobMem), 0)
+	} else {
+		C.fake_set_job_mem(0, 1)
 	}
 	if job.Cores != nil {
 		cs := C.CString(*job.Cores)
@@ -186,6 +194,67 @@ func (h *Host) Options() []string {
 		out = append(out, name)
 	}
 	return out
+}
+
+// OptionHelp is one registered option as Slurm's --help shows it:
+// "--Name=ArgInfo  Usage" (ArgInfo empty for an option without value).
+type OptionHelp struct {
+	Name, ArgInfo, Usage string
+}
+
+// Help lists the registered options with their arginfo and usage.
+func (h *Host) Help() []OptionHelp {
+	var out []OptionHelp
+	for i := 0; i < int(C.fake_noptions()); i++ {
+		o := OptionHelp{Name: C.GoString(C.fake_option_name(C.int(i))), Usage: C.GoString(C.fake_option_usage(C.int(i)))}
+		if a := C.fake_option_arginfo(C.int(i)); a != nil {
+			o.ArgInfo = C.GoString(a)
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// PluginConfig is the plugin's configuration once plugstack.conf's
+// arguments are loaded (struct mv_config).
+type PluginConfig struct {
+	Loaded                 bool
+	Launcher, Exec, Config string
+	TimeoutS               uint
+}
+
+// Config reads the plugin's loaded configuration.
+func (h *Host) Config() PluginConfig {
+	c := C.mv.cfg
+	str := func(p *C.char) string {
+		if p == nil {
+			return ""
+		}
+		return C.GoString(p)
+	}
+	return PluginConfig{Loaded: c.loaded != 0, Launcher: str(c.launcher), Exec: str(c.exec), Config: str(c.config), TimeoutS: uint(c.timeout_s)}
+}
+
+// LoadJobCalls counts the plugin's slurm_load_job calls.
+func (h *Host) LoadJobCalls() int { return int(C.fake_load_job_calls()) }
+
+// ProcessGetenv reads the process environment as C sees it (what the
+// plugin's setenv in srun wrote; Go's os.Getenv keeps its own copy).
+func ProcessGetenv(name string) (string, bool) {
+	cn := C.CString(name)
+	defer C.free(unsafe.Pointer(cn))
+	v := C.getenv(cn)
+	if v == nil {
+		return "", false
+	}
+	return C.GoString(v), true
+}
+
+// ProcessUnsetenv removes name from the process environment (C's view).
+func ProcessUnsetenv(name string) {
+	cn := C.CString(name)
+	defer C.free(unsafe.Pointer(cn))
+	C.unsetenv(cn)
 }
 
 // SetArgv replaces S_JOB_ARGV, as each forked task starts from the job's.

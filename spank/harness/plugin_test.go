@@ -189,11 +189,6 @@ func TestLocalValidate(t *testing.T) {
 			ctx:  CtxLocal,
 		},
 		{
-			name: "other options without --microvm",
-			ctx:  CtxAllocator,
-			opts: []option{{"microvm-mounts", "/a:/b"}, {"microvm-debug", ""}},
-		},
-		{
 			name:       "refused image",
 			ctx:        CtxLocal,
 			opts:       []option{{"microvm", "fail.img"}},
@@ -749,19 +744,22 @@ func TestPrepareFailure(t *testing.T) {
 
 func TestValuesAreCopied(t *testing.T) {
 	// Option frees its C string right after the callback: the prepare
-	// argv must still carry the values, and the last value wins.
+	// argv must still carry the values; a second, different value is
+	// refused and changes nothing.
 	f := newFakeLauncher(t)
 	h := NewHost(remoteJob(), f.args()...)
 	h.Call(HookInit, -1)
 	h.Option("microvm", "first.img", true)
-	h.Option("microvm", "second.img", true)
+	if rc := h.Option("microvm", "second.img", true); rc == 0 {
+		t.Error("a second, different --microvm value was accepted")
+	}
 	h.Option("microvm-workdir", "/w", true)
 	if rc := h.Call(HookInitPostOpt, -1); rc != 0 {
 		t.Fatalf("init_post_opt = %d", rc)
 	}
 	args := f.calls(t)[0].args
-	if i := slices.Index(args, "--image"); i < 0 || args[i+1] != "second.img" {
-		t.Errorf("prepare %q: want --image second.img", args)
+	if i := slices.Index(args, "--image"); i < 0 || args[i+1] != "first.img" {
+		t.Errorf("prepare %q: want --image first.img", args)
 	}
 	if i := slices.Index(args, "--workdir"); i < 0 || args[i+1] != "/w" {
 		t.Errorf("prepare %q: want --workdir /w", args)

@@ -68,7 +68,8 @@ type Options struct {
 	// up.sh writes.
 	ConfExtra string
 	// Env holds extra NAME=value settings for up.sh (SLURMCTLD_PORT,
-	// SLURMD_PORT, SLURM_DEBUG, REAL_MEMORY, NODE_NAME).
+	// SLURMD_PORT, SLURM_DEBUG, REAL_MEMORY, NODE_NAME,
+	// SELECT_TYPE_PARAMETERS).
 	Env []string
 	// StartTimeout bounds the wait for the node to be idle; 0 means 60 s.
 	StartTimeout time.Duration

@@ -25,6 +25,8 @@
 #                        slurm_<node> because Debian builds multiple-slurmd
 #   SLURMCTLD_PORT=6817 SLURMD_PORT=6818
 #   REAL_MEMORY=MB       node RealMemory (default: what `slurmd -C` reports)
+#   SELECT_TYPE_PARAMETERS=CR_Core_Memory  (e.g. CR_Core: Slurm allocates no
+#                        memory; DefMemPerCPU is then not written)
 #   SLURM_DEBUG=info     SlurmctldDebug/SlurmdDebug level
 #   UP_TIMEOUT=60        seconds to wait for the node to become idle
 #   TEST_USER=microvmtest  non-root user created for end-to-end tests
@@ -215,6 +217,10 @@ if [[ -n ${REAL_MEMORY:-} ]]; then
 fi
 CPUS=$(grep -o 'CPUs=[0-9]*' <<<"$HW" | cut -d= -f2)
 MEM=$(grep -o 'RealMemory=[0-9]*' <<<"$HW" | cut -d= -f2)
+SELECT_PARAMS=${SELECT_TYPE_PARAMETERS:-CR_Core_Memory}
+[[ $SELECT_PARAMS =~ ^[A-Za-z_,]+$ ]] || die "SELECT_TYPE_PARAMETERS=$SELECT_PARAMS: want e.g. CR_Core or CR_Core_Memory"
+DEF_MEM=
+[[ $SELECT_PARAMS == *Memory* ]] && DEF_MEM="DefMemPerCPU=$((MEM / CPUS))"
 NODE_GRES="" GRES_TYPES="#GresTypes="
 if (( FAKE_GPUS > 0 )); then NODE_GRES=" Gres=gpu:fake:$FAKE_GPUS" GRES_TYPES="GresTypes=gpu"; fi
 NODE_HOST=""
@@ -245,8 +251,8 @@ PlugStackConfig=$STATE/etc/plugstack.conf
 ProctrackType=proctrack/cgroup
 TaskPlugin=task/cgroup,task/affinity
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=$((MEM / CPUS))
+SelectTypeParameters=$SELECT_PARAMS
+$DEF_MEM
 MpiDefault=none
 KillWait=5
 ReturnToService=2

@@ -49,8 +49,9 @@ type Env struct {
 
 // Setup builds and installs the launcher, agent and plugin under Root,
 // writes the node config, builds the test image, and starts a one-node
-// Slurm with the plugin in plugstack.conf.
-func Setup(t testing.TB) *Env {
+// Slurm with the plugin in plugstack.conf. clusterEnv are extra settings
+// for test/cluster/up.sh (e.g. "SELECT_TYPE_PARAMETERS=CR_Core").
+func Setup(t testing.TB, clusterEnv ...string) *Env {
 	t.Helper()
 	fixture.RequireRoot(t)
 	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs", "busybox", "make", "cc")
@@ -71,11 +72,7 @@ func Setup(t testing.TB) *Env {
 		t.Fatalf("make build: %v\n%s", err, out)
 	}
 	for _, f := range []string{"slurm-microvm", "slurm-microvm-agent", "spank_microvm.so"} {
-		data, err := os.ReadFile(filepath.Join(repo, "bin", f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(bin, f), data, 0o755); err != nil {
+		if err := InstallFile(filepath.Join(repo, "bin", f), filepath.Join(bin, f), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -137,7 +134,7 @@ scratch_base = %q
 	plug := fmt.Sprintf("required %s launcher=%s config=%s", filepath.Join(bin, "spank_microvm.so"), e.Launcher, cfg)
 	// Two fake GPUs (character devices 195:N, as Slurm requires) for the
 	// GPU steps; steps without --gres are unaffected.
-	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2})
+	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2, Env: clusterEnv})
 	u, err := user.Lookup(cluster.TestUser)
 	if err != nil {
 		t.Fatal(err)
@@ -211,4 +208,35 @@ func (e *Env) WaitClean(t testing.TB, job int) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// InstallFile copies src to dst as make install does (hack/install.sh): a
+// new file in dst's directory, renamed over dst. A slurmd or slurmstepd
+// that still has the old dst mapped (the plugin) keeps its inode intact;
+// writing in place truncated it under a running slurmd, which crashed.
+func InstallFile(src, dst string, mode os.FileMode) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return fmt.Errorf("install %s: %w", dst, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp")
+	if err != nil {
+		return fmt.Errorf("install %s: %w", dst, err)
+	}
+	defer os.Remove(tmp.Name()) // after the rename: already gone
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("install %s: write %s: %w", dst, tmp.Name(), err)
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return fmt.Errorf("install %s: chmod %s: %w", dst, tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("install %s: close %s: %w", dst, tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return fmt.Errorf("install %s: %w", dst, err)
+	}
+	return nil
 }
