@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 func accessModes(t *testing.T) []DiskAccess {
 	if _, err := exec.LookPath("fsck.erofs"); err != nil {
-		t.Skip("erofs-utils not installed")
+		prereq.Missing(t, "erofs-utils not installed")
 	}
 	modes := []DiskAccess{DiskExtract}
 	if os.Geteuid() == 0 {
@@ -75,7 +76,7 @@ func TestOpenDisk(t *testing.T) {
 func TestCheckImage(t *testing.T) {
 	modes := accessModes(t)
 	if _, err := exec.LookPath("mkfs.erofs"); err != nil {
-		t.Skip("mkfs.erofs not installed")
+		prereq.Missing(t, "mkfs.erofs not installed")
 	}
 	ompi := ompiRoot(t)
 	noMPI := newRoot(t, "libz.so.1")

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // spankDir is the plugin's source directory.
@@ -72,7 +74,7 @@ func buildPlugin(t *testing.T, vars ...string) string {
 	t.Helper()
 	for _, tool := range []string{"make", "cc", "nm"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed: %v", tool, err)
+			prereq.Missing(t, "%s not installed: %v", tool, err)
 		}
 	}
 	dir := t.TempDir()

@@ -21,6 +21,7 @@ import (
 	"github.com/creack/pty"
 
 	"github.com/slurm-microvm/slurm-microvm/test/harness"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 var jobLine = regexp.MustCompile(`JOB=(\d+)`)
@@ -213,7 +214,7 @@ func TestE2E(t *testing.T) {
 
 	t.Run("time limit ends the step and nothing is left", func(t *testing.T) {
 		if testing.Short() {
-			t.Skip("waits for a one-minute time limit")
+			prereq.OptIn(t, "-short: waits for a one-minute time limit")
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
