@@ -28,7 +28,22 @@ func main() {
 	if filepath.Base(os.Args[0]) == execName {
 		os.Exit(execEntry(os.Args[1:]))
 	}
-	app := &cli.App{
+	if err := newApp().Run(os.Args); err != nil {
+		var ec cli.ExitCoder
+		if errors.As(err, &ec) {
+			if msg := ec.Error(); msg != "" {
+				fmt.Fprintln(os.Stderr, "slurm-microvm:", msg)
+			}
+			os.Exit(ec.ExitCode())
+		}
+		fmt.Fprintln(os.Stderr, "slurm-microvm:", err)
+		os.Exit(1)
+	}
+}
+
+// newApp is the command line: global flags and every command.
+func newApp() *cli.App {
+	return &cli.App{
 		Name:    "slurm-microvm",
 		Usage:   "run Slurm job steps inside microVMs",
 		Version: version,
@@ -52,17 +67,6 @@ func main() {
 			mountsCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
-	}
-	if err := app.Run(os.Args); err != nil {
-		var ec cli.ExitCoder
-		if errors.As(err, &ec) {
-			if msg := ec.Error(); msg != "" {
-				fmt.Fprintln(os.Stderr, "slurm-microvm:", msg)
-			}
-			os.Exit(ec.ExitCode())
-		}
-		fmt.Fprintln(os.Stderr, "slurm-microvm:", err)
-		os.Exit(1)
 	}
 }
 
