@@ -21,7 +21,7 @@ import (
 // cached image disks (package launcher/image), plus the hidden helper the
 // launcher re-executes as the job's user to read user-named paths.
 func imageCommand() *cli.Command {
-	cacheFlag := &cli.StringFlag{Name: "cache-root", Usage: "image cache directory, one subdirectory per uid (default: <cache_dir>/images of the config, the one jobs use)"}
+	cacheFlag := &cli.PathFlag{Name: "cache-root", Usage: "image cache directory, one subdirectory per uid (default: <cache_dir>/images of the config, the one jobs use)"}
 	uidFlag := &cli.Uint64Flag{Name: "uid", Usage: "the job user's uid (default: the caller's)"}
 	return &cli.Command{
 		Name:  "image",

@@ -43,12 +43,12 @@ func main() {
 
 // newApp is the command line: global flags and every command.
 func newApp() *cli.App {
-	return &cli.App{
+	return withPathFlags(&cli.App{
 		Name:    "slurm-microvm",
 		Usage:   "run Slurm job steps inside microVMs",
 		Version: version,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", Value: "/etc/slurm/microvm.toml", Usage: "node configuration file", EnvVars: []string{"SLURM_MICROVM_CONFIG"}},
+			&cli.PathFlag{Name: "config", Value: "/etc/slurm/microvm.toml", Usage: "node configuration file", EnvVars: []string{"SLURM_MICROVM_CONFIG"}},
 			&cli.BoolFlag{Name: "debug", Usage: "log at debug level"},
 		},
 		Commands: []*cli.Command{
@@ -67,7 +67,7 @@ func newApp() *cli.App {
 			mountsCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
-	}
+	})
 }
 
 // execEntry runs a task from the argv the plugin left: the original argv[0]
