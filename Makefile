@@ -4,7 +4,8 @@
 #   make install   into PREFIX (default /usr/local) and Slurm's plugin dir
 #                  (dirs.mk: every install location, defined once)
 #   make assets    install, then build the guest kernel+initramfs into the cache
-#   make test      all tests (needs root and the packages of hack/setup-debian.sh)
+#   make test      lint, then all tests (needs root and the packages of hack/setup-debian.sh)
+#   make lint      go vet and staticcheck
 #   make bench     side-by-side benchmarks (test/bench)
 #   make demo      one-node Slurm + a real `srun --microvm` step (hack/demo.sh)
 
@@ -15,8 +16,15 @@ VERSION    ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 GOFLAGS    ?= -trimpath
 TESTFLAGS  ?=
 INSTALL    := sh hack/install.sh
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# LINT_REPORT_ONLY=1 prints staticcheck's findings without failing.
+# Temporarily 1: findings remain in packages edited on other branches.
+LINT_REPORT_ONLY ?= 1
+# testsummary prints go test's usual lines plus, per package, what ran and
+# what skipped (and why).
+TESTSUM    ?= $(GO) run ./hack/testsummary --
 
-.PHONY: all build install assets test unit e2e bench demo clean fmt vet
+.PHONY: all build install assets test unit e2e bench demo clean fmt vet lint
 
 all: build
 
@@ -45,9 +53,9 @@ assets: install
 
 # Unit and integration tests run in parallel packages; the Slurm end-to-end
 # tests (test/e2e) share one cluster and run last.
-test: build
-	$(GO) test -count=1 $(TESTFLAGS) $$($(GO) list ./... | grep -v /test/e2e) 
-	$(GO) test -count=1 -timeout 40m $(TESTFLAGS) ./test/e2e/
+test: lint build
+	$(TESTSUM) $(GO) test -json -count=1 $(TESTFLAGS) $$($(GO) list ./... | grep -v /test/e2e)
+	$(TESTSUM) $(GO) test -json -count=1 -timeout 40m $(TESTFLAGS) ./test/e2e/
 
 unit:
 	$(GO) test -count=1 -short $(TESTFLAGS) ./...
@@ -66,6 +74,9 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+
+lint: vet
+	$(STATICCHECK) ./... $(if $(filter 1,$(LINT_REPORT_ONLY)),|| echo "lint: staticcheck findings above (LINT_REPORT_ONLY=1: not failing)")
 
 clean:
 	rm -rf bin

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // Test identities: numeric ids without passwd entries (Cred needs none).
@@ -29,9 +31,7 @@ var (
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("opening paths as another user needs root (setfsuid)")
-	}
+	prereq.Root(t, "opening paths as another user (setfsuid)")
 }
 
 // hostTree builds, in a directory every user can traverse:

@@ -16,6 +16,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/fs/internal/sharebench"
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // TestShareBench measures the two host-share mechanisms side by side in
@@ -34,18 +35,16 @@ import (
 // SMV_SHARE_BENCH_VARIANTS a comma list of variant names (all).
 func TestShareBench(t *testing.T) {
 	if os.Getenv("SMV_SHARE_BENCH") != "1" {
-		t.Skip("set SMV_SHARE_BENCH=1 to run the share benchmark (boots VMs, minutes under TCG)")
+		prereq.OptIn(t, "set SMV_SHARE_BENCH=1 to run the share benchmark (boots VMs, minutes under TCG)")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (virtiofsd, -runas)")
-	}
+	prereq.Root(t, "virtiofsd, -runas")
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
-		t.Skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86)")
+		prereq.Missing(t, "qemu-system-x86_64 not installed (apt-get install qemu-system-x86)")
 	}
 	kernel, err := assets.NewestKernel(assets.DefaultBootDir, assets.DefaultModulesRoot)
 	if err != nil {
-		t.Skipf("no guest kernel: %v (apt-get install linux-image-amd64)", err)
+		prereq.Missing(t, "no guest kernel: %v (apt-get install linux-image-amd64)", err)
 	}
 	mib := 512
 	if v := os.Getenv("SMV_SHARE_BENCH_MIB"); v != "" {

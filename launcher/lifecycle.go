@@ -316,16 +316,19 @@ func checkAllocated(stepGPUs, gresConf string) error {
 		}
 		return true, ""
 	}
+	// Denied GPUs first: a forged index beside a real allocation is the
+	// user's error, not an unconstrained node.
+	var unconstrained error
 	for _, dev := range gc.Devices {
 		ok, file := allowed(dev)
 		switch {
 		case asked[dev.Index] && !ok:
 			return fmt.Errorf("GPU %d (%s) is not allocated to this step: the step's devices cgroup denies %s (SLURM_STEP_GPUS=%s comes from the job's environment; ask for GPUs with --gres=gpu:N)", dev.Index, dev.Where(), file, stepGPUs)
-		case !asked[dev.Index] && ok:
-			return fmt.Errorf("GPUs %s: the step may open %s (GPU %d, not in the step): devices are not constrained, so the step's GPUs cannot be verified; set ConstrainDevices=yes in cgroup.conf", stepGPUs, dev.File, dev.Index)
+		case !asked[dev.Index] && ok && unconstrained == nil:
+			unconstrained = fmt.Errorf("GPUs %s: the step may open %s (GPU %d, not in the step): devices are not constrained, so the step's GPUs cannot be verified; set ConstrainDevices=yes in cgroup.conf", stepGPUs, dev.File, dev.Index)
 		}
 	}
-	return nil
+	return unconstrained
 }
 
 // releaseGPUs gives the step's GPUs back (their drivers as before) once the

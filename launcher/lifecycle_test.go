@@ -3,6 +3,7 @@ package launcher
 import (
 	"context"
 	"errors"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,10 +21,7 @@ import (
 // convert the image, with nobody left to stop it.
 func TestStopBeforeSupervisorRecords(t *testing.T) {
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root (a root-owned scratch base); CI runs the tests as root")
-		}
-		t.Skip("needs root")
+		prereq.Root(t, "a root-owned scratch base")
 	}
 	scratchRoot, err := os.MkdirTemp("/run", "smv-launcher-test-")
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/slurm-microvm/slurm-microvm/mpi/mpitest"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 func check(t *testing.T, host, img string, o CheckOptions) *Report {
@@ -259,7 +260,7 @@ func TestCheckProgramRPATH(t *testing.T) {
 	root := ompiRoot(t)
 	prog := filepath.Join(t.TempDir(), "hello")
 	if err := mpitest.OpenMPI.Available(); err != nil {
-		t.Skip(err)
+		prereq.Missing(t, "%v", err)
 	}
 	if err := mpitest.OpenMPI.Build(context.Background(), "mpi_hello.c", prog, "-Wl,--disable-new-dtags", "-Wl,-rpath,"+fixLibDir); err != nil {
 		t.Fatal(err)
@@ -322,7 +323,7 @@ func TestCheckUCXNewer(t *testing.T) {
 	// data, so match on the string and its terminator only.
 	from, to := []byte("1.13.1\x00"), []byte("1.99.0\x00")
 	if !bytes.Contains(b, from) {
-		t.Skip("host UCX is not 1.13.1 (Debian 12), the fixture patches that string")
+		prereq.Missing(t, "host UCX is not 1.13.1 (Debian 12), the fixture patches that string")
 	}
 	b = bytes.ReplaceAll(b, from, to)
 	if err := os.WriteFile(ucp, b, 0o755); err != nil {

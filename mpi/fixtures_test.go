@@ -14,6 +14,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 	"github.com/slurm-microvm/slurm-microvm/mpi/mpitest"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // The test binary doubles as launcher/image's helper child (as
@@ -40,7 +41,7 @@ func needHostLibs(t *testing.T, sonames ...string) {
 	t.Helper()
 	for _, s := range sonames {
 		if _, err := os.Stat(filepath.Join(hostLibDir, s)); err != nil {
-			t.Skipf("host library %s missing (apt-get install -y libopenmpi-dev openmpi-bin libmpich-dev mpich libucx-dev libfabric-dev libpmix-dev): %v", s, err)
+			prereq.Missing(t, "host library %s missing (apt-get install -y libopenmpi-dev openmpi-bin libmpich-dev mpich libucx-dev libfabric-dev libpmix-dev): %v", s, err)
 		}
 	}
 }
@@ -138,7 +139,7 @@ func bumpOpenMPIMinor(t *testing.T, root string) {
 		t.Fatal(err)
 	}
 	if old != "libmpi.so.40.30.4" {
-		t.Skipf("host Open MPI is %s, this fixture expects libmpi.so.40.30.4 (Debian 12)", old)
+		prereq.Missing(t, "host Open MPI is %s, this fixture expects libmpi.so.40.30.4 (Debian 12)", old)
 	}
 	newName := "libmpi.so.40.40.0"
 	if err := os.Rename(filepath.Join(dir, old), filepath.Join(dir, newName)); err != nil {
@@ -191,7 +192,7 @@ func patchSymbolString(t *testing.T, file, sym, from, to string) {
 		t.Fatal(err)
 	}
 	if string(got) != from+"\x00" {
-		t.Skipf("%s: %s is %q, fixture expects %q", file, sym, got, from)
+		prereq.Missing(t, "%s: %s is %q, fixture expects %q", file, sym, got, from)
 	}
 	if _, err := f.WriteAt([]byte(to), off); err != nil {
 		t.Fatal(err)
@@ -202,7 +203,7 @@ func patchSymbolString(t *testing.T, file, sym, from, to string) {
 func gcc(t *testing.T, args ...string) {
 	t.Helper()
 	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc not installed")
+		prereq.Missing(t, "gcc not installed")
 	}
 	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, b)
@@ -247,7 +248,7 @@ func install(t *testing.T, root, src, dst string) {
 func buildHello(t *testing.T, impl mpitest.Impl) string {
 	t.Helper()
 	if err := impl.Available(); err != nil {
-		t.Skip(err)
+		prereq.Missing(t, "%v", err)
 	}
 	p, err := impl.BuildHello(context.Background(), t.TempDir())
 	if err != nil {

@@ -18,19 +18,13 @@ import (
 	"github.com/moby/sys/mountinfo"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // needErofsTools skips (fails under CI=true) without erofs-utils.
 func needErofsTools(t *testing.T) {
 	t.Helper()
-	for _, tool := range []string{"mkfs.erofs", "fsck.erofs"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s not installed (hack/setup-debian.sh installs erofs-utils)", tool)
-			}
-			t.Skipf("%s not installed (erofs-utils)", tool)
-		}
-	}
+	prereq.Tools(t, "mkfs.erofs", "fsck.erofs")
 }
 
 // mkfsErofs builds an erofs disk of tree src with mkfs.erofs and extra
@@ -202,10 +196,7 @@ func (p *exposureProbe) Handle(_ context.Context, rec slog.Record) error {
 func TestCheckImageExposesNothing(t *testing.T) {
 	needErofsTools(t)
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root (to read as another user)")
-		}
-		t.Skip("needs root (to read as another user)")
+		prereq.Root(t, "to read as another user")
 	}
 	nobody, err := user.Lookup("nobody")
 	if err != nil {

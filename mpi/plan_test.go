@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/mpi/mpitest"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 func TestPlanEnviron(t *testing.T) {
@@ -69,7 +70,7 @@ func TestPlanRunsOnHost(t *testing.T) {
 			}
 			lib := st.MPIOf(tt.family)
 			if lib == nil {
-				t.Skipf("host has no %s", tt.family)
+				prereq.Missing(t, "host has no %s", tt.family)
 			}
 			share := t.TempDir()
 			plan, err := NewPlan(ctx, host, lib, PlanOptions{GuestDir: share})

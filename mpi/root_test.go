@@ -14,21 +14,23 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // TestParseLDCacheMatchesLdconfig compares the parser with ldconfig -p on
 // this host's /etc/ld.so.cache.
 func TestParseLDCacheMatchesLdconfig(t *testing.T) {
 	if runtime.GOARCH != "amd64" {
-		t.Skip("the expected ldconfig tag is x86-64's")
+		prereq.Hardware(t, "the expected ldconfig tag is x86-64's")
 	}
 	b, err := os.ReadFile("/etc/ld.so.cache")
 	if err != nil {
-		t.Skipf("no ld.so.cache: %v", err)
+		prereq.Missing(t, "no ld.so.cache: %v", err)
 	}
 	out, err := exec.Command("ldconfig", "-p").Output()
 	if err != nil {
-		t.Skipf("ldconfig -p: %v", err)
+		prereq.Missing(t, "ldconfig -p: %v", err)
 	}
 	entries, err := parseLDCache(b, cacheFlagsFor(runtime.GOARCH))
 	if err != nil {
@@ -236,7 +238,7 @@ func TestDiscoverHost(t *testing.T) {
 	pkg := func(name string) string {
 		out, err := exec.Command("dpkg-query", "-W", "-f", "${Version}", name).Output()
 		if err != nil {
-			t.Skipf("dpkg-query %s: %v", name, err)
+			prereq.Missing(t, "dpkg-query %s: %v", name, err)
 		}
 		v := string(out)
 		if i := strings.Index(v, ":"); i >= 0 {

@@ -14,7 +14,7 @@ func assetsCommand() *cli.Command {
 		Name:  "assets",
 		Usage: "build (once) the guest kernel and initramfs into the cache and print where they are",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "agent", Usage: "guest agent binary (default: qemu.agent of the config)"},
+			&cli.PathFlag{Name: "agent", Usage: "guest agent binary (default: qemu.agent of the config)"},
 		},
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c, true)

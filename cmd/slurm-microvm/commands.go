@@ -128,7 +128,7 @@ func prepareCommand() *cli.Command {
 			&cli.StringFlag{Name: "gpus", Usage: "SLURM_STEP_GPUS"},
 			&cli.IntFlag{Name: "tasks", Usage: "local task count"},
 			&cli.StringFlag{Name: "hostname"},
-			&cli.StringFlag{Name: "cwd", Usage: "directory a relative image path (./img) is relative to: where srun ran"},
+			&cli.PathFlag{Name: "cwd", Usage: "directory a relative image path (./img) is relative to: where srun ran"},
 			&cli.BoolFlag{Name: "debug"},
 			&cli.StringFlag{Name: "mounts"}, &cli.StringFlag{Name: "workdir"}, &cli.StringFlag{Name: "mpi"},
 			&cli.StringFlag{Name: "mounts-env", Usage: "SLURM_MICROVM_MOUNTS of the job, used when --mounts is not given"},
@@ -313,7 +313,7 @@ func execCommand() *cli.Command {
 		Usage:     "run a command in a running step's sandbox, as a task",
 		ArgsUsage: "-- CMD [ARGS...]",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "state", EnvVars: []string{launcher.EnvState}, Usage: "the step's state directory (default: from " + launcher.EnvStep + " and runtime_dir)"},
+			&cli.PathFlag{Name: "state", EnvVars: []string{launcher.EnvState}, Usage: "the step's state directory (default: from " + launcher.EnvStep + " and runtime_dir)"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() == 0 {

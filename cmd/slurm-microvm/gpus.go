@@ -13,22 +13,23 @@ import (
 )
 
 // gpusCommand is `slurm-microvm gpus`: the node's GPU readiness for VFIO
-// passthrough (package launcher/gpu). It exits 1 when a GPU that gres.conf
-// configures for this node cannot be passed through now.
+// passthrough (package launcher/gpu). It exits 1 when gres.conf cannot be
+// used or a GPU that it configures for this node cannot be passed through
+// now (gpu.Report.Err).
 func gpusCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "gpus",
 		Usage: "show this node's GPUs (gres.conf) and whether each can be passed to a microVM",
 		Description: "Per GPU of gres.conf: PCI address, IOMMU group and members, bound driver, NVML UUID and MIG mode\n" +
 			"where the NVIDIA driver is loaded, the gres.conf entry, and whether a step could get it now;\n" +
-			"plus host checks (IOMMU, vfio-pci, /dev/vfio). Exit status 1 when a configured GPU is not passable.",
+			"plus host checks (IOMMU, vfio-pci, /dev/vfio). Exit status 1 when gres.conf cannot be used or a configured GPU is not passable.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
-			&cli.StringFlag{Name: "gres-conf", Value: gpu.DefaultGresConf, Usage: "gres.conf to read"},
+			&cli.PathFlag{Name: "gres-conf", Value: gpu.DefaultGresConf, Usage: "gres.conf to read"},
 			&cli.StringFlag{Name: "node", Usage: "Slurm node name for NodeName= lines (default: short host name)"},
-			&cli.StringFlag{Name: "sysfs-root", Value: "/sys", Usage: "where sysfs is mounted (a fake tree in tests)"},
-			&cli.StringFlag{Name: "procfs-root", Value: "/proc", Usage: "where procfs is mounted"},
-			&cli.StringFlag{Name: "dev-root", Value: "/dev", Usage: "where /dev is"},
+			&cli.PathFlag{Name: "sysfs-root", Value: "/sys", Usage: "where sysfs is mounted (a fake tree in tests)"},
+			&cli.PathFlag{Name: "procfs-root", Value: "/proc", Usage: "where procfs is mounted"},
+			&cli.PathFlag{Name: "dev-root", Value: "/dev", Usage: "where /dev is"},
 			&cli.BoolFlag{Name: "allow-rebind", Usage: "judge GPUs as a node that lets slurm-microvm rebind them to vfio-pci would"},
 			&cli.BoolFlag{Name: "no-nvml", Usage: "do not load libnvidia-ml"},
 		},
@@ -51,14 +52,11 @@ func gpusCommand() *cli.Command {
 			} else {
 				printGPUReport(c.App.Writer, rep)
 			}
-			if !rep.Passable() {
-				bad := 0
-				for _, g := range rep.GPUs {
-					if !g.Passable {
-						bad++
-					}
-				}
-				return cli.Exit(fmt.Sprintf("gpus: %d of %d configured GPU(s) cannot be passed through now", bad, len(rep.GPUs)), 1)
+			if rep.GresConfAbsent && c.IsSet("gres-conf") {
+				return cli.Exit(fmt.Sprintf("gpus: --gres-conf %s does not exist: name the gres.conf Slurm reads", c.String("gres-conf")), 1)
+			}
+			if err := rep.Err(); err != nil {
+				return cli.Exit("gpus: "+err.Error(), 1)
 			}
 			return nil
 		},

@@ -21,7 +21,7 @@ import (
 // cached image disks (package launcher/image), plus the hidden helper the
 // launcher re-executes as the job's user to read user-named paths.
 func imageCommand() *cli.Command {
-	cacheFlag := &cli.StringFlag{Name: "cache-root", Usage: "image cache directory, one subdirectory per uid (default: <cache_dir>/images of the config, the one jobs use)"}
+	cacheFlag := &cli.PathFlag{Name: "cache-root", Usage: "image cache directory, one subdirectory per uid (default: <cache_dir>/images of the config, the one jobs use)"}
 	uidFlag := &cli.Uint64Flag{Name: "uid", Usage: "the job user's uid (default: the caller's)"}
 	return &cli.Command{
 		Name:  "image",
@@ -79,11 +79,18 @@ func imageCommand() *cli.Command {
 			},
 			{
 				Name:  "ls",
-				Usage: "list cached images (root: every user's unless --uid is given)",
-				Flags: []cli.Flag{cacheFlag, uidFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+				Usage: "list the caller's (or --uid's) cached images; --all: every user's (root)",
+				Flags: []cli.Flag{cacheFlag, uidFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON"},
+					&cli.BoolFlag{Name: "all", Usage: "list every user's cached images (root only)"}},
 				Action: func(c *cli.Context) error {
 					uid := uint32(os.Getuid())
-					all := os.Geteuid() == 0 && !c.IsSet("uid")
+					all := c.Bool("all")
+					if all && c.IsSet("uid") {
+						return cli.Exit("image ls: --all and --uid exclude each other: drop one", 2)
+					}
+					if all && os.Geteuid() != 0 {
+						return cli.Exit("image ls --all: other users' caches are theirs; run it as root, or drop --all to list your own", 2)
+					}
 					if c.IsSet("uid") {
 						uid = uint32(c.Uint64("uid"))
 					}

@@ -28,12 +28,27 @@ func main() {
 	if filepath.Base(os.Args[0]) == execName {
 		os.Exit(execEntry(os.Args[1:]))
 	}
-	app := &cli.App{
+	if err := newApp().Run(os.Args); err != nil {
+		var ec cli.ExitCoder
+		if errors.As(err, &ec) {
+			if msg := ec.Error(); msg != "" {
+				fmt.Fprintln(os.Stderr, "slurm-microvm:", msg)
+			}
+			os.Exit(ec.ExitCode())
+		}
+		fmt.Fprintln(os.Stderr, "slurm-microvm:", err)
+		os.Exit(1)
+	}
+}
+
+// newApp is the command line: global flags and every command.
+func newApp() *cli.App {
+	return withPathFlags(&cli.App{
 		Name:    "slurm-microvm",
 		Usage:   "run Slurm job steps inside microVMs",
 		Version: version,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", Value: "/etc/slurm/microvm.toml", Usage: "node configuration file", EnvVars: []string{"SLURM_MICROVM_CONFIG"}},
+			&cli.PathFlag{Name: "config", Value: "/etc/slurm/microvm.toml", Usage: "node configuration file", EnvVars: []string{"SLURM_MICROVM_CONFIG"}},
 			&cli.BoolFlag{Name: "debug", Usage: "log at debug level"},
 		},
 		Commands: []*cli.Command{
@@ -52,18 +67,7 @@ func main() {
 			mountsCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
-	}
-	if err := app.Run(os.Args); err != nil {
-		var ec cli.ExitCoder
-		if errors.As(err, &ec) {
-			if msg := ec.Error(); msg != "" {
-				fmt.Fprintln(os.Stderr, "slurm-microvm:", msg)
-			}
-			os.Exit(ec.ExitCode())
-		}
-		fmt.Fprintln(os.Stderr, "slurm-microvm:", err)
-		os.Exit(1)
-	}
+	})
 }
 
 // execEntry runs a task from the argv the plugin left: the original argv[0]

@@ -30,8 +30,8 @@ func mpiCommand() *cli.Command {
 				"1 not safe (including \"image has no MPI library\"), 2 bad input.",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "image", Usage: "image to check (anything --microvm accepts); prepared and cached for the calling user"},
-				&cli.StringFlag{Name: "image-root", Usage: "check an unpacked image root directory instead of --image"},
-				&cli.StringFlag{Name: "host-root", Value: "/", Usage: "root directory of the host side (tests compare two directories)"},
+				&cli.PathFlag{Name: "image-root", Usage: "check an unpacked image root directory instead of --image"},
+				&cli.PathFlag{Name: "host-root", Value: "/", Usage: "root directory of the host side (tests compare two directories)"},
 				&cli.StringFlag{Name: "mode", Value: string(mpi.DefaultMode), Usage: "MPI version rule: major, full (host minor >= image minor) or strict (equal minors)"},
 				&cli.StringFlag{Name: "program", Usage: "the step's program: a path inside the image, else on the host; its MPI imports are checked too"},
 				&cli.StringFlag{Name: "host-mpi", Usage: "host MPI library to inject (default: the host's library of the image's MPI family)"},

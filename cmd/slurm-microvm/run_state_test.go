@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,10 +30,7 @@ func TestMain(m *testing.M) {
 // two real uids (the job user A, the planting user B).
 func TestRunStateNotInPlantedDir(t *testing.T) {
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root (runs as two other uids); CI runs the tests as root")
-		}
-		t.Skip("needs root")
+		prereq.Root(t, "runs as two other uids")
 	}
 	const userA, userB = 43201, 43202
 	dir, err := os.MkdirTemp("/run", "smv-cmd-test-")

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // imageRoot builds a fake image root next to a directory "outside" that no
@@ -114,9 +116,7 @@ func TestResolveRelative(t *testing.T) {
 // The agent mounts onto the returned descriptor: mount(2) on
 // /proc/self/fd/N lands on the resolved directory inside the root.
 func TestMountOnDescriptor(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mount(2) needs root")
-	}
+	prereq.Root(t, "mount(2)")
 	root, _ := imageRoot(t)
 	f, in, err := Resolve(root, "/var/run/share", Options{Create: true})
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/guest"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/transport"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // startAgent serves the guest service on one end of a socketpair through the
@@ -100,9 +101,7 @@ func runIn(t *testing.T, c *agent.Client, stdin string, argv ...string) (string,
 }
 
 func TestProcesses(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to run processes as another uid")
-	}
+	prereq.Root(t, "runs processes as another uid")
 	sess := startAgent(t, 65534, 65534)
 	c := dial(t, sess)
 	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB through stdin and back
@@ -146,9 +145,7 @@ func TestProcesses(t *testing.T) {
 }
 
 func TestCommandNotFound(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root")
-	}
+	prereq.Root(t, "the agent runs processes as the task's uid")
 	c := dial(t, startAgent(t, 65534, 65534))
 	_, err := c.Start(context.Background(), &api.CreateProcessRequest{Argv: []string{"no-such-command-xyz"}})
 	if !errors.Is(err, agent.ErrCommandNotFound) {
@@ -157,9 +154,7 @@ func TestCommandNotFound(t *testing.T) {
 }
 
 func TestSignalForwarding(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root")
-	}
+	prereq.Root(t, "the agent runs processes as the task's uid")
 	c := dial(t, startAgent(t, 65534, 65534))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -190,9 +185,7 @@ func TestSignalForwarding(t *testing.T) {
 }
 
 func TestTerminal(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root")
-	}
+	prereq.Root(t, "the agent runs processes as the task's uid")
 	c := dial(t, startAgent(t, 65534, 65534))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -214,9 +207,7 @@ func TestTerminal(t *testing.T) {
 // TestForwards relays an inherited fd (as PMI2's PMI_FD) and a loopback
 // listener (as PMIx's server URI) between host ends and a guest process.
 func TestForwards(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root")
-	}
+	prereq.Root(t, "the agent runs processes as the task's uid")
 	c := dial(t, startAgent(t, 65534, 65534))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -250,7 +241,7 @@ func TestForwards(t *testing.T) {
 
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
-		t.Skip("busybox-static is missing (its nc is the test's client)")
+		prereq.Missing(t, "busybox-static is missing (its nc is the test's client)")
 	}
 	script := `read line <&5; echo "fd-got:$line"; echo "$URI"; a=${URI#tcp://}; ` +
 		`echo hello | ` + bb + ` nc ${a%:*} ${a##*:}`

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets/guestmod"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 const fixtureRelease = "6.9.0-test"
@@ -423,7 +424,7 @@ func TestEnsureConcurrentProcesses(t *testing.T) {
 func TestHelperEnsureProcess(t *testing.T) {
 	cache := os.Getenv("ASSETS_HELPER_CACHE")
 	if cache == "" {
-		t.Skip("helper process for TestEnsureConcurrentProcesses")
+		prereq.OptIn(t, "helper process for TestEnsureConcurrentProcesses")
 	}
 	a, err := Ensure(context.Background(), Options{
 		KernelImage: os.Getenv("ASSETS_HELPER_KERNEL"), Agent: os.Getenv("ASSETS_HELPER_AGENT"),

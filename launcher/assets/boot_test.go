@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // The boot tests need QEMU and Debian's kernel; they skip with the reason
@@ -26,11 +28,11 @@ func needBootPrereqs(t testing.TB) (qemu, kernel string) {
 	t.Helper()
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
-		t.Skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86)")
+		prereq.Missing(t, "qemu-system-x86_64 not installed (apt-get install qemu-system-x86)")
 	}
 	kernel, err = NewestKernel(DefaultBootDir, DefaultModulesRoot)
 	if err != nil {
-		t.Skipf("no guest kernel: %v (apt-get install linux-image-amd64)", err)
+		prereq.Missing(t, "no guest kernel: %v (apt-get install linux-image-amd64)", err)
 	}
 	return qemu, kernel
 }
@@ -143,7 +145,7 @@ func consoleLines(console, prefix string) []string {
 
 func TestBootMicroVM(t *testing.T) {
 	if testing.Short() {
-		t.Skip("boots a VM under TCG (several seconds)")
+		prereq.OptIn(t, "-short: boots a VM under TCG (several seconds)")
 	}
 	qemu, kernel := needBootPrereqs(t)
 	agent := buildTestInit(t)
@@ -206,7 +208,7 @@ func TestBootTimings(t *testing.T) {
 	n := 0
 	fmt.Sscan(os.Getenv("SLURM_MICROVM_BOOT_BENCH"), &n)
 	if n <= 0 {
-		t.Skip("set SLURM_MICROVM_BOOT_BENCH=5 to measure boot times")
+		prereq.OptIn(t, "set SLURM_MICROVM_BOOT_BENCH=5 to measure boot times")
 	}
 	qemu, kernel := needBootPrereqs(t)
 	agent := buildTestInit(t)

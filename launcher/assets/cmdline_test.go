@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 func TestKernelCmdline(t *testing.T) {
@@ -46,7 +48,7 @@ func TestKernelCmdline(t *testing.T) {
 func TestHostTSCkHz(t *testing.T) {
 	khz, src, err := HostTSCkHz()
 	if err != nil {
-		t.Skipf("no TSC rate on this host: %v", err)
+		prereq.Hardware(t, "no TSC rate on this host: %v", err)
 	}
 	t.Logf("host TSC %d kHz from %s", khz, src)
 	mhz, flags, err := readCPUInfo("/proc/cpuinfo")
@@ -59,7 +61,7 @@ func TestHostTSCkHz(t *testing.T) {
 	}
 	cal, err := calibrateTSC(20 * time.Millisecond)
 	if err != nil {
-		t.Skipf("calibration: %v", err)
+		prereq.Hardware(t, "TSC calibration: %v", err)
 	}
 	if diff := float64(cal)/(mhz*1000) - 1; diff > 0.002 || diff < -0.002 {
 		t.Errorf("calibrated %d kHz vs /proc/cpuinfo %.3f MHz: off by %.3f%%", cal, mhz, diff*100)

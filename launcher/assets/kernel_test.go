@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 func TestExtractVmlinuxFormats(t *testing.T) {
@@ -88,11 +90,11 @@ func TestReadBzImageRejects(t *testing.T) {
 // BCJ filter on Debian 12) and reports how long it takes.
 func TestExtractDebianKernel(t *testing.T) {
 	if testing.Short() {
-		t.Skip("decompresses a real kernel (about 1 s)")
+		prereq.OptIn(t, "-short: decompresses a real kernel (about 1 s)")
 	}
 	img, err := NewestKernel(DefaultBootDir, DefaultModulesRoot)
 	if err != nil {
-		t.Skipf("no host kernel: %v", err)
+		prereq.Missing(t, "no host kernel: %v", err)
 	}
 	bz, err := ReadBzImage(img)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets/guestmod"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // A module tree shaped like Debian 6.1's for the default module list, plus
@@ -151,7 +152,7 @@ func TestResolve(t *testing.T) {
 func TestResolveDebianDefaults(t *testing.T) {
 	img, err := NewestKernel(DefaultBootDir, DefaultModulesRoot)
 	if err != nil {
-		t.Skipf("no host kernel: %v", err)
+		prereq.Missing(t, "no host kernel: %v", err)
 	}
 	bz, err := ReadBzImage(img)
 	if err != nil {
@@ -159,7 +160,7 @@ func TestResolveDebianDefaults(t *testing.T) {
 	}
 	ix, err := LoadModuleIndex(DefaultModulesRoot + "/" + bz.Version)
 	if err != nil {
-		t.Skipf("no modules for %s: %v", bz.Version, err)
+		prereq.Missing(t, "no modules for %s: %v", bz.Version, err)
 	}
 	entries, err := ix.Resolve(DefaultModules, RequiredModules, nil)
 	if err != nil {

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 	"os"
 	"strings"
 	"testing"
@@ -95,7 +96,7 @@ func TestNegativeSize(t *testing.T) {
 // default under world-writable /var/tmp included, and the runtime root.
 func TestCheckHostScratchAndRuntime(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (the runtime root is root's)")
+		prereq.Root(t, "the runtime root is root's")
 	}
 	rt, err := os.MkdirTemp("/run", "smv-config-test-")
 	if err != nil {

@@ -27,10 +27,13 @@ type Report struct {
 	Node     string `json:"node"`
 	GresConf string `json:"gres_conf"`
 	// GresConfError says why gres.conf could not be used ("" when it could).
-	GresConfError string  `json:"gres_conf_error,omitempty"`
-	AutoDetect    string  `json:"autodetect,omitempty"`
-	NVML          string  `json:"nvml"`
-	Host          []Check `json:"host"`
+	GresConfError string `json:"gres_conf_error,omitempty"`
+	// GresConfAbsent: gres.conf does not exist (Slurm configures no GPU
+	// on this node); GresConfError then says so too.
+	GresConfAbsent bool    `json:"gres_conf_absent,omitempty"`
+	AutoDetect     string  `json:"autodetect,omitempty"`
+	NVML           string  `json:"nvml"`
+	Host           []Check `json:"host"`
 	// GPUs are the GPUs gres.conf lists for this node, by Slurm index.
 	GPUs []GPUStatus `json:"gpus"`
 	// Unlisted are NVIDIA GPUs in sysfs that gres.conf does not name.
@@ -89,6 +92,26 @@ func (r *Report) Passable() bool {
 	return true
 }
 
+// Err is nil when the node is as usable as the report shows: gres.conf
+// was read, or does not exist (no GPU is configured, nothing to pass
+// through), and every GPU it configures can be passed through now. It
+// says what is unusable otherwise; `slurm-microvm gpus` exits 1 on it.
+func (r *Report) Err() error {
+	if r.GresConfError != "" && !r.GresConfAbsent {
+		return fmt.Errorf("gres.conf cannot be used: %s", r.GresConfError)
+	}
+	bad := 0
+	for _, g := range r.GPUs {
+		if !g.Passable {
+			bad++
+		}
+	}
+	if bad > 0 {
+		return fmt.Errorf("%d of %d configured GPU(s) cannot be passed through now", bad, len(r.GPUs))
+	}
+	return nil
+}
+
 // RuleName is a short name of the rule err breaks ("shared-iommu-group"),
 // "" when it wraps none of the Err* values.
 func RuleName(err error) string {
@@ -120,6 +143,7 @@ func Inspect(ctx context.Context, req InspectRequest) *Report {
 		rep.GresConfError = err.Error()
 		rep.NoGPUs = "gres.conf cannot be used: " + err.Error()
 		if errors.Is(err, fs.ErrNotExist) {
+			rep.GresConfAbsent = true
 			rep.NoGPUs = fmt.Sprintf("no gres.conf at %s: Slurm has no GPUs configured on this node", rep.GresConf)
 		}
 		if req.NVML != nil {

@@ -62,10 +62,35 @@ func TestInspect(t *testing.T) {
 func TestInspectNoGresConf(t *testing.T) {
 	h := newFakeHost(t)
 	rep := gpu.Inspect(context.Background(), gpu.InspectRequest{GresConf: h.path("etc/gres.conf"), Node: "n1", Roots: h.roots})
-	if !rep.Passable() || len(rep.GPUs) != 0 {
-		t.Errorf("no GPUs must be passable: %+v", rep)
+	if !rep.Passable() || len(rep.GPUs) != 0 || rep.Err() != nil || !rep.GresConfAbsent {
+		t.Errorf("no GPUs must be passable (err %v): %+v", rep.Err(), rep)
 	}
 	if want := "no gres.conf at " + h.path("etc/gres.conf") + ": Slurm has no GPUs configured on this node; no NVIDIA GPU in"; !strings.HasPrefix(rep.NoGPUs, want) {
 		t.Errorf("no_gpus %q, want prefix %q", rep.NoGPUs, want)
+	}
+}
+
+// TestReportErr: a gres.conf that cannot be used, or a configured GPU that
+// cannot be passed through, makes the report's Err non-nil; no GPU
+// configured for the node does not.
+func TestReportErr(t *testing.T) {
+	h := dgx(t, "nvidia")
+	tests := []struct {
+		name, conf, want string
+	}{
+		{"unparsable", "NodeName=n1 Name=gpu File=/dev/nvidia0 Bogus\n", "gres.conf cannot be used"},
+		{"unknown file", "NodeName=n1 Name=gpu File=/dev/nosuchgpu0\n", "cannot be passed through"},
+		{"other node only", "NodeName=other Name=gpu File=/dev/nvidia0\n", ""},
+		{"passable", "AutoDetect=off\nNodeName=n1 Name=gpu File=/dev/nvidia0\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rep := gpu.Inspect(context.Background(), gpu.InspectRequest{GresConf: h.gresConf(tt.conf), Node: "n1", Roots: h.roots,
+				NVML: gpunvml.NewFrom(dgxNVML()), AllowRebind: true})
+			err := rep.Err()
+			if (err == nil) != (tt.want == "") || err != nil && !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Err() = %v, want %q (report %+v)", err, tt.want, rep)
+			}
+		})
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 const (
@@ -281,7 +282,7 @@ func TestPlanFakeGPUDevices(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		p := h.path("dev/fakegpu" + string(rune('0'+i)))
 		if err := syscall.Mknod(p, syscall.S_IFCHR|0o666, int(195<<8|i)); err != nil {
-			t.Skipf("mknod %s: %v (needs root)", p, err)
+			prereq.Missing(t, "mknod %s: %v (needs root)", p, err)
 		}
 	}
 	_, err := gpu.NewPlan(context.Background(), gpu.Request{

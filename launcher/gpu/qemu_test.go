@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // twoGPUPlan is a 2-GPU step: an H200 (one function, BAR1 256 GiB) and an
@@ -108,7 +109,7 @@ func qemuBinary(t *testing.T) string {
 	t.Helper()
 	q, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
-		t.Skip("qemu-system-x86_64 not installed")
+		prereq.Missing(t, "qemu-system-x86_64 not installed")
 	}
 	return q
 }
@@ -122,7 +123,7 @@ func TestQEMUAcceptsArgs(t *testing.T) {
 	p := twoGPUPlan(t)
 	for _, g := range p.GPUs {
 		if _, err := os.Stat("/sys/bus/pci/devices/" + g.BDF); err == nil {
-			t.Skipf("%s exists on this host: not handing a real device to QEMU", g.BDF)
+			prereq.Hardware(t, "%s exists on this host: not handing a real device to QEMU", g.BDF)
 		}
 	}
 	args, err := p.QEMUArgs(gpu.Memory{MiB: 512, PreallocThreads: 2})
@@ -155,7 +156,7 @@ func TestQEMUAcceptsArgs(t *testing.T) {
 // the planned hole's end and the planned address width.
 func TestQEMUTopology(t *testing.T) {
 	if testing.Short() {
-		t.Skip("boots SeaBIOS under TCG")
+		prereq.OptIn(t, "-short: boots SeaBIOS under TCG")
 	}
 	q := qemuBinary(t)
 	p := twoGPUPlan(t)

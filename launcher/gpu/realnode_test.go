@@ -9,6 +9,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // TestRealNode reads this host's real sysfs, procfs and NVML (read-only)
@@ -19,10 +20,10 @@ func TestRealNode(t *testing.T) {
 	lib := gpunvml.New()
 	devs, err := lib.Devices(context.Background())
 	if err != nil {
-		t.Skipf("no NVIDIA GPUs here: %v", err)
+		prereq.Hardware(t, "no NVIDIA GPUs here: %v", err)
 	}
 	if len(devs) == 0 {
-		t.Skip("NVML lists no GPUs")
+		prereq.Hardware(t, "NVML lists no GPUs")
 	}
 	var files []string
 	for _, d := range devs {

@@ -87,9 +87,6 @@ func NormalizeBDF(s string) (string, error) {
 // slotOf is the BDF without its function ("0000:3b:00").
 func slotOf(bdf string) string { return bdf[:len(bdf)-2] }
 
-// funcOf is the function number of a BDF.
-func funcOf(bdf string) int { return int(bdf[len(bdf)-1] - '0') }
-
 // BAR is one base address register of a function as sysfs `resource`
 // lists it (kernel struct resource flags).
 type BAR struct {

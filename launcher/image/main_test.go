@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // The test binary doubles as the helper child: with IMAGE_TEST_HELPER=1 it
@@ -131,16 +133,14 @@ func copyFile(src, dst string, mode os.FileMode) error {
 // mount namespaces): the launcher runs as root.
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the launcher reads images as the job's user by switching credentials")
-	}
+	prereq.Root(t, "the launcher reads images as the job's user by switching credentials")
 }
 
 func needTools(t *testing.T, tools ...string) {
 	t.Helper()
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (%v)", tool, err)
+			prereq.Missing(t, "needs %s (%v)", tool, err)
 		}
 	}
 }

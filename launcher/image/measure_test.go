@@ -12,6 +12,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // TestMeasureLargeTree times Check and Prepare (uncached, cached) for a
@@ -22,7 +24,7 @@ import (
 func TestMeasureLargeTree(t *testing.T) {
 	tree := os.Getenv("SMV_IMAGE_BIG_ROOTFS")
 	if tree == "" {
-		t.Skip("set SMV_IMAGE_BIG_ROOTFS to a large root filesystem directory to measure")
+		prereq.OptIn(t, "set SMV_IMAGE_BIG_ROOTFS to a large root filesystem directory to measure")
 	}
 	needRoot(t)
 	needTools(t, "mksquashfs", "tar", "du")

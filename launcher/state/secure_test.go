@@ -2,6 +2,7 @@ package state
 
 import (
 	"errors"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,10 +24,7 @@ const (
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root (chown to other uids, run as other uids); CI runs the tests as root")
-		}
-		t.Skip("needs root")
+		prereq.Root(t, "chown to other uids, run as other uids")
 	}
 }
 

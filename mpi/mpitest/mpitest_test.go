@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // TestHelloOnHost builds mpi_hello with each implementation and runs two
@@ -13,7 +15,7 @@ func TestHelloOnHost(t *testing.T) {
 	for _, impl := range Impls() {
 		t.Run(impl.Name, func(t *testing.T) {
 			if err := impl.Available(); err != nil {
-				t.Skip(err)
+				prereq.Missing(t, "%v", err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // spankDir is the plugin's source directory.
@@ -76,7 +77,7 @@ func buildPlugin(t *testing.T, vars ...string) string {
 	t.Helper()
 	for _, tool := range []string{"make", "cc", "nm"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed: %v", tool, err)
+			prereq.Missing(t, "%s not installed: %v", tool, err)
 		}
 	}
 	dir := t.TempDir()
@@ -262,7 +263,7 @@ func TestHardenedBuild(t *testing.T) {
 func makeVars(t *testing.T, names ...string) map[string]string {
 	t.Helper()
 	if _, err := exec.LookPath("make"); err != nil {
-		t.Skipf("make not installed: %v", err)
+		prereq.Tools(t, "make")
 	}
 	var rule strings.Builder
 	rule.WriteString("show:\n")

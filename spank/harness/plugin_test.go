@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // The plugin and the fake host keep C globals: no test here runs parallel.
@@ -308,7 +310,7 @@ func userName(t *testing.T) string {
 	t.Helper()
 	data, err := os.ReadFile("/etc/passwd")
 	if err != nil {
-		t.Skipf("no /etc/passwd: %v", err)
+		prereq.Missing(t, "no /etc/passwd: %v", err)
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Split(line, ":")
@@ -316,7 +318,7 @@ func userName(t *testing.T) string {
 			return f[0]
 		}
 	}
-	t.Skipf("uid %d not in /etc/passwd", os.Getuid())
+	prereq.Missing(t, "uid %d not in /etc/passwd", os.Getuid())
 	return ""
 }
 
@@ -568,7 +570,7 @@ func zombieChildren(t *testing.T) []int {
 	t.Helper()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		t.Skipf("no /proc: %v", err)
+		prereq.Missing(t, "no /proc: %v", err)
 	}
 	var out []int
 	for _, e := range entries {
@@ -897,7 +899,7 @@ func TestJobEpilog(t *testing.T) {
 // as the launcher: the plugin's own cost per prepare/stop/gc.
 func BenchmarkSyncCall(b *testing.B) {
 	if _, err := os.Stat("/bin/true"); err != nil {
-		b.Skip("no /bin/true")
+		prereq.Missing(b, "no /bin/true")
 	}
 	for i := 0; i < b.N; i++ {
 		h := NewHost(Job{Context: CtxJobScript, JobID: U32(1)}, "launcher=/bin/true")

@@ -64,13 +64,13 @@ func BenchmarkStepLaunch(b *testing.B) {
 		cacheRoot := b.TempDir()
 		o := image.Options{UID: 0, GID: 0, CacheRoot: cacheRoot, Helper: helper}
 		t0 := time.Now()
-		img, err := image.Prepare(ctx, e.Image, o)
-		if err != nil {
+		if _, err := image.Prepare(ctx, e.Image, o); err != nil {
 			b.Fatal(err)
 		}
 		uncached = append(uncached, time.Since(t0))
 		t0 = time.Now()
-		if img, err = image.Prepare(ctx, e.Image, o); err != nil || !img.Cached {
+		img, err := image.Prepare(ctx, e.Image, o)
+		if err != nil || !img.Cached {
 			b.Fatalf("cached prepare: %v (cached=%v)", err, img != nil && img.Cached)
 		}
 		cached = append(cached, time.Since(t0))

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 //go:embed up.sh
@@ -103,9 +105,7 @@ type Cluster struct {
 // daemons' logs.
 func Up(t testing.TB, opts Options) *Cluster {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("cluster: needs root (slurmd, munged, cgroups); run the tests as root")
-	}
+	prereq.Root(t, "cluster: slurmd, munged, cgroups; run the tests as root")
 	var missing []string
 	for _, p := range prerequisites {
 		if _, ok := lookClean(p); !ok {
@@ -114,10 +114,7 @@ func Up(t testing.TB, opts Options) *Cluster {
 	}
 	if len(missing) > 0 {
 		msg := fmt.Sprintf("cluster: missing %s (install with hack/setup-debian.sh)", strings.Join(missing, ", "))
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		prereq.Missing(t, "%s", msg)
 	}
 	dir := opts.Dir
 	if dir == "" {

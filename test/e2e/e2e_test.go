@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/creack/pty"
 
 	"github.com/slurm-microvm/slurm-microvm/test/harness"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 var jobLine = regexp.MustCompile(`JOB=(\d+)`)
@@ -39,21 +41,21 @@ func TestE2E(t *testing.T) {
 	e := harness.Setup(t)
 	img := "--microvm=" + e.Image
 
-	t.Run("os-release is the image's", func(t *testing.T) {
+	e.Run(t, "os-release is the image's", func(t *testing.T) {
 		out, errOut, code := e.Srun(t, "", img, "cat", "/etc/os-release")
 		if code != 0 || !strings.Contains(out, e.ImageName) {
 			t.Fatalf("exit %d, stdout %q, stderr %q: want the image's os-release", code, out, errOut)
 		}
 	})
 
-	t.Run("guest kernel", func(t *testing.T) {
+	e.Run(t, "guest kernel", func(t *testing.T) {
 		out, errOut, code := e.Srun(t, "", img, "uname", "-r")
 		if code != 0 || strings.TrimSpace(out) != e.Kernel {
 			t.Fatalf("exit %d, stdout %q, stderr %q: want guest kernel %q", code, out, errOut, e.Kernel)
 		}
 	})
 
-	t.Run("one VM per step per node", func(t *testing.T) {
+	e.Run(t, "one VM per step per node", func(t *testing.T) {
 		out, errOut, code := e.Srun(t, "", "-n2", img, "sh", "-c", "echo JOB=$SLURM_JOB_ID; echo $SLURM_PROCID $(cat /proc/sys/kernel/random/boot_id)")
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, errOut)
@@ -73,21 +75,21 @@ func TestE2E(t *testing.T) {
 		e.WaitClean(t, jobOf(t, out))
 	})
 
-	t.Run("exit status", func(t *testing.T) {
+	e.Run(t, "exit status", func(t *testing.T) {
 		_, _, code := e.Srun(t, "", img, "sh", "-c", "exit 7")
 		if code != 7 {
 			t.Fatalf("exit %d, want 7", code)
 		}
 	})
 
-	t.Run("killed by signal", func(t *testing.T) {
+	e.Run(t, "killed by signal", func(t *testing.T) {
 		_, errOut, code := e.Srun(t, "", img, "sh", "-c", "kill -TERM $$")
 		if code == 0 || !strings.Contains(errOut, "Terminated") {
 			t.Fatalf("exit %d, stderr %q: want srun to report the task killed by signal 15", code, errOut)
 		}
 	})
 
-	t.Run("stdin", func(t *testing.T) {
+	e.Run(t, "stdin", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
 		cmd, err := e.C.Command(ctx, "", "srun", img, "cat")
@@ -101,7 +103,7 @@ func TestE2E(t *testing.T) {
 		}
 	})
 
-	t.Run("srun --pty gives the workload a terminal", func(t *testing.T) {
+	e.Run(t, "srun --pty gives the workload a terminal", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
 		cmd, err := e.C.Command(ctx, "", "srun", "--pty", img, "sh", "-c", "test -t 0 && test -t 1 && echo TTY-OK $(stty size)")
@@ -121,14 +123,14 @@ func TestE2E(t *testing.T) {
 		}
 	})
 
-	t.Run("command not found exits 127", func(t *testing.T) {
+	e.Run(t, "command not found exits 127", func(t *testing.T) {
 		_, errOut, code := e.Srun(t, "", img, "no-such-command")
 		if code != 127 || !strings.Contains(errOut, "no-such-command: command not found") {
 			t.Fatalf("exit %d, stderr %q", code, errOut)
 		}
 	})
 
-	t.Run("non-root user", func(t *testing.T) {
+	e.Run(t, "non-root user", func(t *testing.T) {
 		out, errOut, code := e.Srun(t, "microvmtest", img, "sh", "-c", "echo JOB=$SLURM_JOB_ID; id -u; echo $IMAGE_VAR")
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, errOut)
@@ -139,7 +141,7 @@ func TestE2E(t *testing.T) {
 		e.WaitClean(t, jobOf(t, out))
 	})
 
-	t.Run("bad input fails before queueing", func(t *testing.T) {
+	e.Run(t, "bad input fails before queueing", func(t *testing.T) {
 		corrupt := harness.Root + "/images/corrupt.tar"
 		data, _ := os.ReadFile(e.Image)
 		if err := os.WriteFile(corrupt, data[:len(data)/3], 0o644); err != nil {
@@ -158,7 +160,7 @@ func TestE2E(t *testing.T) {
 			{"unknown registry reference", "", "docker://127.0.0.1:1/no/such:image", "127.0.0.1:1/no/such:image"},
 		}
 		for _, tt := range tests {
-			t.Run(tt.name, func(t *testing.T) {
+			e.Run(t, tt.name, func(t *testing.T) {
 				_, errOut, code := e.Srun(t, tt.user, "--microvm="+tt.image, "true")
 				if code == 0 || !strings.Contains(errOut, tt.want) {
 					t.Fatalf("exit %d, stderr %q: want a failure naming %q", code, errOut, tt.want)
@@ -170,7 +172,7 @@ func TestE2E(t *testing.T) {
 		}
 	})
 
-	t.Run("scancel reaches the workload and nothing is left", func(t *testing.T) {
+	e.Run(t, "scancel reaches the workload and nothing is left", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
 		run, job := startSrun(t, e, ctx, img, "sh", "-c", trapLoop("TERM"))
@@ -184,7 +186,7 @@ func TestE2E(t *testing.T) {
 		e.WaitClean(t, job)
 	})
 
-	t.Run("scancel of the step leaves nothing", func(t *testing.T) {
+	e.Run(t, "scancel of the step leaves nothing", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
 		run, job := startSrun(t, e, ctx, img, "sh", "-c", trapLoop("TERM"))
@@ -195,25 +197,96 @@ func TestE2E(t *testing.T) {
 		e.WaitClean(t, job)
 	})
 
-	t.Run("srun double Ctrl-C ends the step and nothing is left", func(t *testing.T) {
+	e.Run(t, "srun double Ctrl-C ends the step, the workload's trap runs and nothing is left", func(t *testing.T) {
+		// srun stops relaying output at the second Ctrl-C (srun_job.c
+		// _handle_intr aborts the launch), so the trap records itself
+		// in a writable share, which the host reads afterwards.
+		out := harness.DataDir + "/rw/ctrl-c"
+		if err := os.MkdirAll(out, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(harness.DataDir) })
+		_ = os.Chmod(harness.DataDir, 0o755)
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
-		run, job := startSrun(t, e, ctx, img, "sh", "-c", trapLoop("INT"))
+		workload := "echo JOB=$SLURM_JOB_ID; trap 'echo TRAPPED-INT >/out/trap; echo TRAPPED-INT; exit 0' INT; echo up >/out/ready; echo READY; while :; do sleep 0.2; done"
+		run, job := startSrun(t, e, ctx, img, "--microvm-mounts="+out+":/out:rw", "sh", "-c", workload)
+		if _, err := os.Stat(out + "/ready"); err != nil {
+			t.Fatalf("the workload cannot write to its share: %v", err)
+		}
 		// Two SIGINTs within a second: srun forwards Ctrl-C to the tasks.
 		_ = run.cmd.Process.Signal(syscall.SIGINT)
 		time.Sleep(200 * time.Millisecond)
 		_ = run.cmd.Process.Signal(syscall.SIGINT)
 		run.wait(t, ctx)
-		// srun forwards SIGINT and force-terminates the step at once
-		// (srun_job.c _handle_intr): whether the trap's output still
-		// makes it out races with the step's SIGKILL, on bare Slurm too.
-		t.Logf("workload output: %q", run.stdout())
 		e.WaitClean(t, job)
+		b, err := os.ReadFile(out + "/trap")
+		if err != nil || string(b) != "TRAPPED-INT\n" {
+			t.Errorf("the workload's INT trap did not run (its record: %q, %v; stdout %q)", b, err, run.stdout())
+		}
 	})
 
-	t.Run("time limit ends the step and nothing is left", func(t *testing.T) {
+	e.Run(t, "a forged SLURM_STEP_GPUS gets no GPU", func(t *testing.T) {
+		// The user sets SLURM_STEP_GPUS in the environment srun passes
+		// to the step, naming GPU 1, which Slurm did not allocate: alone
+		// (no --gres) and beside a one-GPU allocation (Slurm gives GPU
+		// 0). The step may be refused ("not allocated to this step") or
+		// run without any GPU, but GPU 1 is never planned for
+		// passthrough: no VFIO device on QEMU's command line, no GPU
+		// plan in the step's state, no error of the planner about it.
+		const forged = "/dev/fakegpu1"
+		for _, tc := range []struct {
+			name string
+			args []string
+		}{
+			{"without --gres", nil},
+			{"beside --gres=gpu:1", []string{"--gres=gpu:1"}},
+		} {
+			e.Run(t, tc.name, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+				defer cancel()
+				args := append(append([]string{}, tc.args...), img, "sh", "-c",
+					"echo JOB=$SLURM_JOB_ID; echo CVD=$CUDA_VISIBLE_DEVICES; echo READY; sleep 3")
+				cmd, err := e.C.Command(ctx, "", "srun", args...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cmd.Env = append(cmd.Env, "SLURM_STEP_GPUS=1")
+				var so, se bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &so, &se
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				var passthrough []string
+				done := make(chan error, 1)
+				go func() { done <- cmd.Wait() }()
+				for waiting := true; waiting; {
+					select {
+					case <-done:
+						waiting = false
+					case <-time.After(100 * time.Millisecond):
+						passthrough = append(passthrough, gpuEvidence()...)
+					}
+				}
+				if len(passthrough) > 0 {
+					t.Errorf("GPU passthrough was set up for a forged SLURM_STEP_GPUS:\n  %s", strings.Join(passthrough, "\n  "))
+				}
+				stderr := se.String()
+				refused := strings.Contains(stderr, "not allocated to this step")
+				if strings.Contains(stderr, forged) && !refused {
+					t.Errorf("stderr %q: the forged GPU %s was planned (an error about it other than the refusal)", stderr, forged)
+				}
+				if !refused && strings.Contains(so.String(), "CVD=") && !strings.Contains(so.String(), "CVD=\n") {
+					t.Errorf("stdout %q: the guest was given GPUs", so.String())
+				}
+				t.Logf("stdout %q, stderr %q", so.String(), stderr)
+			})
+		}
+	})
+
+	e.Run(t, "time limit ends the step and nothing is left", func(t *testing.T) {
 		if testing.Short() {
-			t.Skip("waits for a one-minute time limit")
+			prereq.OptIn(t, "-short: waits for a one-minute time limit")
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
@@ -225,7 +298,7 @@ func TestE2E(t *testing.T) {
 		e.WaitClean(t, job)
 	})
 
-	t.Run("sbatch runs steps in VMs, not the batch script", func(t *testing.T) {
+	e.Run(t, "sbatch runs steps in VMs, not the batch script", func(t *testing.T) {
 		dir := t.TempDir()
 		_ = os.Chmod(dir, 0o755)
 		outFile := dir + "/out"
@@ -261,7 +334,7 @@ func TestE2E(t *testing.T) {
 		e.WaitClean(t, job)
 	})
 
-	t.Run("GPU step on a host without VFIO fails cleanly before booting", func(t *testing.T) {
+	e.Run(t, "GPU step on a host without VFIO fails cleanly before booting", func(t *testing.T) {
 		out, errOut, code := e.Srun(t, "", "--gres=gpu:2", img, "sh", "-c", "echo SHOULD-NOT-RUN")
 		if code == 0 || strings.Contains(out, "SHOULD-NOT-RUN") {
 			t.Fatalf("exit %d, stdout %q: the step must fail", code, out)
@@ -274,28 +347,7 @@ func TestE2E(t *testing.T) {
 		}
 		t.Logf("srun stderr: %s", errOut)
 		// No job id is printed (the workload never ran): the step's
-		// state must be gone all the same.
-		// (The stop records, <runtime_dir>/stopped, stay until the
-		// epilog's gc: launcher/state.)
-		stepDirs := func() []string {
-			var out []string
-			entries, _ := os.ReadDir(harness.RuntimeDir)
-			for _, en := range entries {
-				if en.Name() != "stopped" {
-					out = append(out, en.Name())
-				}
-			}
-			return out
-		}
-		entries := stepDirs()
-		deadline := time.Now().Add(15 * time.Second)
-		for len(entries) > 0 && time.Now().Before(deadline) {
-			time.Sleep(200 * time.Millisecond)
-			entries = stepDirs()
-		}
-		if len(entries) > 0 {
-			t.Errorf("state left behind: %v", entries)
-		}
+		// state must be gone all the same (e.Run's NothingLeft).
 		// SLURM_STEP_GPUS set by the user, without --gres: refused as
 		// not allocated (the step's devices cgroup is the record).
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -322,11 +374,11 @@ func TestE2E(t *testing.T) {
 		}
 	})
 
-	t.Run("mounts", func(t *testing.T) { mountTests(t, e) })
+	e.Run(t, "mounts", func(t *testing.T) { mountTests(t, e) })
 
-	t.Run("MPI", func(t *testing.T) { mpiTests(t, e) })
+	e.Run(t, "MPI", func(t *testing.T) { mpiTests(t, e) })
 
-	t.Run("run without Slurm", func(t *testing.T) {
+	e.Run(t, "run without Slurm", func(t *testing.T) {
 		cmd := exec.Command(e.Launcher, "--config", e.Config, "run", "--image", e.Image, "--", "sh", "-c", "cat /etc/os-release; exit 3")
 		out, _ := cmd.Output()
 		if cmd.ProcessState.ExitCode() != 3 || !strings.Contains(string(out), e.ImageName) {
@@ -410,6 +462,25 @@ func (s *started) wait(t *testing.T, ctx context.Context) {
 // signal, and prints TRAPPED-<SIG> from its trap.
 func trapLoop(sig string) string {
 	return "echo JOB=$SLURM_JOB_ID; trap 'echo TRAPPED-" + sig + "; exit 0' " + sig + "; echo READY; while :; do sleep 0.2; done"
+}
+
+// gpuEvidence lists signs of GPU passthrough on this host now: a GPU plan
+// in a step's state, a VFIO device on a QEMU command line.
+func gpuEvidence() []string {
+	var out []string
+	plans, _ := filepath.Glob(harness.RuntimeDir + "/*/gpus.json")
+	for _, p := range plans {
+		b, _ := os.ReadFile(p)
+		out = append(out, "GPU plan "+p+": "+string(b))
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		if cmd := strings.ReplaceAll(string(b), "\x00", " "); strings.Contains(cmd, "qemu-system") && strings.Contains(cmd, "vfio-pci") {
+			out = append(out, "QEMU with VFIO: "+cmd)
+		}
+	}
+	return out
 }
 
 func jobOfNoFail(out string) int {

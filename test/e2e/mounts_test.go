@@ -68,7 +68,7 @@ func mountTests(t *testing.T, e *harness.Env) {
 		t.Fatal(err)
 	}
 
-	t.Run("read-only data, also after a remount in the guest", func(t *testing.T) {
+	e.Run(t, "read-only data, also after a remount in the guest", func(t *testing.T) {
 		mnt := "--microvm-mounts=" + ro + ":/data:ro"
 		out, errOut, code := e.Srun(t, "", img, mnt, "cat", "/data/x")
 		if code != 0 || out != "dataset-bytes\n" {
@@ -105,7 +105,7 @@ func mountTests(t *testing.T, e *harness.Env) {
 	mkdirOwned(t, dir(u1), u1, 0o700)
 	mkdirOwned(t, dir(u2), u2, 0o700)
 
-	t.Run("writable mount and scratch, owned by the job user", func(t *testing.T) {
+	e.Run(t, "writable mount and scratch, owned by the job user", func(t *testing.T) {
 		mnt := "--microvm-mounts=" + dir(u1) + ":/out:rw"
 		script := "echo JOB=$SLURM_JOB_ID; echo result > /out/f && echo scratch > /scratch/s && ls /scratch && id -u"
 		out, errOut, code := e.Srun(t, cluster.TestUser, img, mnt, "sh", "-c", script)
@@ -130,7 +130,7 @@ func mountTests(t *testing.T, e *harness.Env) {
 		}
 	})
 
-	t.Run("two users see only their own paths", func(t *testing.T) {
+	e.Run(t, "two users see only their own paths", func(t *testing.T) {
 		for _, c := range []struct{ me, other *user.User }{{u1, u2}, {u2, u1}} {
 			if err := os.WriteFile(filepath.Join(dir(c.me), "mine"), []byte(c.me.Username+"\n"), 0o600); err != nil {
 				t.Fatal(err)
@@ -157,7 +157,7 @@ func mountTests(t *testing.T, e *harness.Env) {
 		}
 	})
 
-	t.Run("bad mount specs fail before queueing", func(t *testing.T) {
+	e.Run(t, "bad mount specs fail before queueing", func(t *testing.T) {
 		for _, c := range []struct{ spec, want string }{
 			{ro + ":data", `destination "data" must be absolute`},
 			{ro + ":/proc", "/proc"},
@@ -171,7 +171,7 @@ func mountTests(t *testing.T, e *harness.Env) {
 		}
 	})
 
-	t.Run("workdir", func(t *testing.T) {
+	e.Run(t, "workdir", func(t *testing.T) {
 		out, errOut, code := e.Srun(t, "", img, "--microvm-workdir=/etc", "pwd")
 		if code != 0 || out != "/etc\n" {
 			t.Fatalf("exit %d, %q %q", code, out, errOut)

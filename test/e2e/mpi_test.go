@@ -26,7 +26,7 @@ func mpiTests(t *testing.T, e *harness.Env) {
 	}
 	for _, c := range cases {
 		for _, mode := range []string{"image", "host"} {
-			t.Run(c.impl.Name+" over "+c.mpi+" with --microvm-mpi="+mode, func(t *testing.T) {
+			e.Run(t, c.impl.Name+" over "+c.mpi+" with --microvm-mpi="+mode, func(t *testing.T) {
 				img := harness.MPIImage(t, c.impl)
 				ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 				defer cancel()
@@ -59,7 +59,7 @@ func mpiTests(t *testing.T, e *harness.Env) {
 			})
 		}
 	}
-	t.Run("--microvm-mpi=host refuses an image without MPI", func(t *testing.T) {
+	e.Run(t, "--microvm-mpi=host refuses an image without MPI", func(t *testing.T) {
 		// (Family mismatches are table-tested in package mpi: this
 		// host has both families, so every Debian image matches one.)
 		_, errOut, code := e.Srun(t, "", "--microvm-mpi=host", "--microvm="+e.Image, "true")
@@ -67,13 +67,13 @@ func mpiTests(t *testing.T, e *harness.Env) {
 			t.Fatalf("exit %d, stderr %q: want a refusal saying the image has no MPI", code, errOut)
 		}
 	})
-	t.Run("explicit MPI mode without PMI in a multi-task step fails", func(t *testing.T) {
+	e.Run(t, "explicit MPI mode without PMI in a multi-task step fails", func(t *testing.T) {
 		_, errOut, code := e.Srun(t, "", "-n2", "--microvm-mpi=image", "--microvm="+e.Image, "true")
 		if code == 0 || !strings.Contains(errOut, "singleton") {
 			t.Fatalf("exit %d, stderr %q: want a refusal before N singletons start", code, errOut)
 		}
 	})
-	t.Run("multi-task step without PMI still runs (no MPI asked for)", func(t *testing.T) {
+	e.Run(t, "multi-task step without PMI still runs (no MPI asked for)", func(t *testing.T) {
 		out, errOut, code := e.Srun(t, "", "-n2", "--microvm="+e.Image, "sh", "-c", "echo ok")
 		if code != 0 || strings.Count(out, "ok") != 2 {
 			t.Fatalf("exit %d, %q %q", code, out, errOut)

@@ -16,8 +16,10 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 	"github.com/slurm-microvm/slurm-microvm/test/cluster"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture"
+	"github.com/slurm-microvm/slurm-microvm/test/residue"
 )
 
 // Paths of the installation the end-to-end tests run against. They live
@@ -239,4 +241,36 @@ func InstallFile(src, dst string, mode os.FileMode) error {
 		return fmt.Errorf("install %s: %w", dst, err)
 	}
 	return nil
+}
+
+// Scope is what the steps of the end-to-end tests own on this host (see
+// package residue): their state, cache, scratch and data trees, the
+// installation, and the processes of QEMU, virtiofsd and the launcher.
+func (e *Env) Scope() residue.Scope {
+	return residue.Scope{
+		Paths:      []string{RuntimeDir, CacheDir, ScratchDir, DataDir, Root},
+		RuntimeDir: RuntimeDir,
+		Records:    []string{state.StoppedDir},
+		CacheDir:   CacheDir,
+		Programs:   []string{"qemu-system-x86_64", "virtiofsd", e.Launcher},
+	}
+}
+
+// NothingLeft snapshots the host now and, when t ends, waits (up to 15 s:
+// stop is asynchronous to srun's exit) until nothing that a step made is
+// left anywhere on the host, failing t with the list otherwise.
+func (e *Env) NothingLeft(t testing.TB) {
+	t.Helper()
+	snap := residue.Take(e.Scope())
+	t.Cleanup(func() { snap.WaitClean(t, 15*time.Second) })
+}
+
+// Run runs f as subtest name of t with the host-wide "nothing left" check
+// after it (NothingLeft): every end-to-end test runs through it.
+func (e *Env) Run(t *testing.T, name string, f func(t *testing.T)) bool {
+	t.Helper()
+	return t.Run(name, func(t *testing.T) {
+		e.NothingLeft(t)
+		f(t)
+	})
 }

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bytes"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -142,7 +143,7 @@ func watchDirs(t *testing.T, dirs []string) func() []inotifyEvent {
 // holds an old file open and mapped keeps its content.
 func TestMakeInstallRenames(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the project (make build)")
+		prereq.OptIn(t, "-short: builds the project (make build)")
 	}
 	fixture.Require(t, "make", "cc", "go")
 	repo := fixture.RepoRoot()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // hgx is go-nvml's DGX H200 mock with bus ids as NVML writes them
@@ -93,7 +94,7 @@ func TestDevicesInitFails(t *testing.T) {
 func TestSystemLibrary(t *testing.T) {
 	devs, err := gpunvml.New().Devices(context.Background())
 	if err == nil {
-		t.Skipf("libnvidia-ml is installed here: %d GPU(s)", len(devs))
+		prereq.Hardware(t, "libnvidia-ml is installed here: %d GPU(s)", len(devs))
 	}
 	t.Logf("%v", err)
 	if !errors.Is(err, gpu.ErrNVMLUnavailable) {

@@ -1,0 +1,108 @@
+package residue
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
+)
+
+func has(left []string, prefix, what string) bool {
+	for _, l := range left {
+		if strings.HasPrefix(l, prefix) && strings.Contains(l, what) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestLeft plants each kind of leftover (a mount under the scope, a loop
+// device backed by a cache file, a mount of it in the watched tmp dir, a
+// process of a watched program, a state directory, a cache work
+// directory, a temporary file) and checks that Left names each, and
+// nothing once they are gone.
+func TestLeft(t *testing.T) {
+	prereq.Root(t, "mount(2) and loop devices")
+	prereq.Tools(t, "losetup", "mkfs.ext2", "sleep")
+	root := t.TempDir()
+	scopeDir, tmp, run, cache := filepath.Join(root, "scope"), filepath.Join(root, "tmp"), filepath.Join(root, "run"), filepath.Join(root, "cache")
+	for _, d := range []string{scopeDir + "/mnt", tmp, run, cache + "/images/0"} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scope := Scope{Paths: []string{scopeDir, cache}, RuntimeDir: run, CacheDir: cache, Programs: []string{"sleep"}, TmpDirs: []string{tmp}}
+	before := Take(scope)
+	if left := before.Left(); len(left) != 0 {
+		t.Fatalf("left before anything was planted: %v", left)
+	}
+
+	if err := unix.Mount("tmpfs", scopeDir+"/mnt", "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(scopeDir+"/mnt", unix.MNT_DETACH)
+	disk := filepath.Join(cache, "images/0/disk.img")
+	if out, err := exec.Command("sh", "-c", "truncate -s 4M "+disk+" && mkfs.ext2 -q "+disk).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	out, err := exec.Command("losetup", "-f", "--show", disk).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	loop := strings.TrimSpace(string(out))
+	defer exec.Command("losetup", "-d", loop).Run()
+	inspect := filepath.Join(tmp, "slurm-microvm-mpi-x")
+	if err := os.Mkdir(inspect, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(loop, inspect, "ext2", unix.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(inspect, unix.MNT_DETACH)
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sleep.Process.Kill()
+	for _, d := range []string{run + "/7.0.0", cache + "/images/0/tmp-abc-123"} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "stray"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	left := before.Left()
+	for _, w := range []struct{ prefix, what string }{
+		{"mount", scopeDir + "/mnt"},
+		{"mount", inspect},
+		{"loop device", disk},
+		{"process", "sleep 60"},
+		{"state", "7.0.0"},
+		{"cache work file", "tmp-abc-123"},
+		{"temporary file", "stray"},
+	} {
+		if !has(left, w.prefix, w.what) {
+			t.Errorf("Left does not report the %s %s:\n  %s", w.prefix, w.what, strings.Join(left, "\n  "))
+		}
+	}
+
+	_ = unix.Unmount(inspect, 0)
+	_ = unix.Unmount(scopeDir+"/mnt", 0)
+	_ = exec.Command("losetup", "-d", loop).Run()
+	_ = sleep.Process.Kill()
+	_ = sleep.Wait()
+	for _, p := range []string{run + "/7.0.0", cache + "/images/0/tmp-abc-123", filepath.Join(tmp, "stray"), inspect, disk} {
+		if err := os.RemoveAll(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before.WaitClean(t, 5*time.Second)
+}
