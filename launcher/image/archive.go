@@ -57,7 +57,7 @@ func indexTar(r io.ReaderAt, size int64) (*tarArchive, error) {
 		}
 		name := cleanMember(hdr.Name)
 		switch hdr.Typeflag {
-		case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // old writers still use TypeRegA
+		case tar.TypeReg: // archive/tar reads the old TypeRegA as TypeReg
 			off, err := sr.Seek(0, io.SeekCurrent)
 			if err != nil {
 				return nil, newErr("", ErrCorrupt, "cannot index tar", "", err)

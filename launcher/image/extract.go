@@ -386,7 +386,7 @@ func (x *extractor) apply(ctx context.Context, hdr *tar.Header, r io.Reader) err
 		}
 		x.recordDir(rel, hdr)
 		return nil
-	case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // old writers
+	case tar.TypeReg: // archive/tar reads the old TypeRegA as TypeReg
 		if err := countAll(x.bytes, hdr.Size); err != nil {
 			return err
 		}

@@ -113,9 +113,6 @@ func (b budget) imageBound() *bound {
 	}}
 }
 
-// copyBound bounds a copy of the image file into the work directory.
-func (b budget) copyBound() *bound { return &bound{max: b.space, fail: b.quotaErr} }
-
 func (b budget) entryBound() *bound {
 	return &bound{max: b.lim.Entries, fail: func() error {
 		return limitErr(fmt.Sprintf("the image has more than %d files, directories and links", b.lim.Entries), KeyMaxEntry, fmt.Sprint(b.lim.Entries))

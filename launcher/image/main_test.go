@@ -10,7 +10,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/slurm-microvm/slurm-microvm/test/prereq"
@@ -157,5 +156,3 @@ func opts(t *testing.T) Options {
 		HelperEnv: []string{envHelper + "=1"},
 	}
 }
-
-func trimLines(s string) string { return strings.TrimSpace(s) }

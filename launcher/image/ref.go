@@ -101,21 +101,3 @@ func loopbackRegistry(s string) bool {
 
 // String implements fmt.Stringer.
 func (k Kind) String() string { return string(k) }
-
-func (k Kind) describe() string {
-	switch k {
-	case KindRegistry:
-		return "registry image"
-	case KindDockerArchive:
-		return "docker save archive"
-	case KindOCIArchive:
-		return "OCI archive"
-	case KindOCILayout:
-		return "OCI layout directory"
-	case KindSquashfs:
-		return "squashfs file"
-	case KindRootfs:
-		return "root filesystem directory"
-	}
-	return fmt.Sprintf("kind %q", string(k))
-}

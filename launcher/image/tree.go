@@ -209,7 +209,7 @@ func (t *treeHeaderHasher) add(hdr *tar.Header) error {
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		e.typ = 'd'
-	case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // written by old tars
+	case tar.TypeReg: // archive/tar reads the old TypeRegA as TypeReg
 		e.typ, e.size = 'f', hdr.Size
 		t.files[p] = e
 	case tar.TypeLink:
