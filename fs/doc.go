@@ -89,16 +89,31 @@
 //
 // Root-squashed NFS (not testable here: no NFS server can run on this
 // machine). The user's own opens work on a root-squashed export, because
-// the kernel sends the user's uid. But QEMU opens its 9p root once at start
-// (open("/proc/self/fd/N", O_DIRECTORY)), before -runas drops it to the
-// user, and on a root-squashed export that open is made as "nobody": a
-// directory the user can read but nobody cannot is refused by the server.
-// The cure is to start QEMU as the job user instead of dropping
-// privileges with -runas (what QEMU needs root for at start must then be
-// handed to it: /dev/kvm and VFIO group nodes by permission or descriptor).
-// Until then, on root-squashed exports only directories readable by others
-// can be shared. Scratch on such an export cannot be created by root at all
-// (scratch_base must be local or not root-squashed).
+// the kernel sends the user's uid; QEMU runs as the job user from its
+// first instruction (launcher/qemu: executed with the job's uid, gid and
+// groups, not dropped with -runas), so its open of the 9p root
+// (open("/proc/self/fd/N", O_DIRECTORY)) and every request after it reach
+// the server as the user too. Scratch on such an export cannot be created
+// by root at all (scratch_base must be local or not root-squashed).
+//
+// Guest root and shares. security_model=none makes QEMU apply the guest's
+// chown, chmod (setuid and setgid bits included) and mknod with its own
+// credentials. QEMU runs with exactly the identity the mount check opened
+// the shares with, so a guest root gets EPERM for chown to another uid and
+// for device nodes, and can set setuid/setgid only to the job's own uid
+// and groups, as the user could on the host (TestGuestRootInShare,
+// launcher/qemu). A root QEMU would make all of them root's, and would
+// read past every permission inside read-only shares: launcher/qemu refuses
+// every share (scratch and the MPI share included) unless QEMU runs as the
+// job's user, and config refuses qemu.runas = false while shares are
+// possible. Not mapped-xattr (root QEMU, modes kept in xattrs): the host
+// would see every file 0600/0700 and a root VMM, and the user's host tools
+// would disagree with the guest about modes.
+//
+// Share count. Each share is one virtio device: a step takes at most
+// launcher/qemu's MaxSharesMicrovm (21, measured) shares on -M microvm,
+// counted by `validate` at submit and by config for site mounts, scratch
+// and the MPI share together.
 //
 // What is shared is the opened object. Table.NineP gives QEMU
 // path=/proc/self/fd/N of the inherited descriptor, never the user's path:
@@ -111,8 +126,8 @@
 // VirtiofsdArgs refuses ',' and '\' instead of escaping them.
 //
 // Sharing mechanism: 9p through QEMU (-fsdev local, security_model=none,
-// readonly=on for ro shares, multidevs=remap, QEMU dropped to the job user
-// with -runas), not virtio-fs with QEMU 7.2's C virtiofsd. Measured by
+// readonly=on for ro shares, multidevs=remap, QEMU running as the job
+// user), not virtio-fs with QEMU 7.2's C virtiofsd. Measured by
 // TestShareBench (SMV_SHARE_BENCH=1 go test -run TestShareBench -v ./fs/)
 // on this project's machine: 2 shared cores, TCG, -M microvm, 1 vCPU,
 // 1.5 GiB guest; a 512 MiB file read in 1 MiB requests; 10,000 4 KiB files
@@ -145,10 +160,11 @@
 //     the source). virtiofsd 7.2 has no read-only option: it needs a
 //     recursive read-only bind in a private mount namespace (a plain
 //     "mount --bind -o ro" leaves submounts writable), per share, per step;
-//   - identity: QEMU's 9p server runs as the job user (-runas,
-//     security_model=none: the guest's chown requests are ignored), so the
-//     guest's root reaches exactly what the user can, and files it creates
-//     belong to the user; the C virtiofsd must run as root and switches its
+//   - identity: QEMU's 9p server runs as the job user (executed with the
+//     job's uid, gid and groups; security_model=none: the guest's chown to
+//     another uid fails as it would for the user), so the guest's root
+//     reaches exactly what the user can, and files it creates belong to
+//     the user; the C virtiofsd must run as root and switches its
 //     fs credentials to the uid the guest sends, so guest root is host root
 //     on a writable share unless it is wrapped in a user namespace;
 //   - moving parts: no extra daemon per share, no socket, no shared-memory
@@ -177,6 +193,5 @@
 // can write, one could plant a symlink under another step's name.
 //
 // Left open: single-file mounts (a 9p share is a directory; sharing the
-// parent would expose its siblings), starting QEMU as the user (see
-// root-squashed NFS), and KVM measurements.
+// parent would expose its siblings), and KVM measurements.
 package fs

@@ -66,11 +66,15 @@ const (
 func ProcFDPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 
 // 9p security models of QEMU's local fsdev (docs/system/invocation.rst
-// -fsdev). SecurityNone is the one to use with -runas: files are accessed
-// and created with QEMU's own (the job user's) credentials and the guest's
-// chown requests are ignored, so the guest's root is the job user on the
-// host. SecurityPassthrough asks the host to chown to the guest's uids and
-// needs a root QEMU: never with user data.
+// -fsdev). SecurityNone is the one used, with QEMU running as the job's
+// user: files are accessed and created with QEMU's own credentials, and
+// the guest's chown, chmod and mknod are applied with them too
+// (hw/9pfs/9p-local.c), so they succeed exactly where the user's would on
+// the host and the guest's root is the job user there. Under a root QEMU
+// the same requests would make root-owned setuid files and device nodes:
+// never share with a root QEMU (launcher/qemu refuses it).
+// SecurityPassthrough asks the host to chown to the guest's uids and needs
+// a root QEMU: never with user data.
 const (
 	SecurityNone        = "none"
 	SecurityPassthrough = "passthrough"

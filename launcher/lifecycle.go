@@ -264,7 +264,8 @@ func (l *Launcher) planGPUs(ctx context.Context, s *Spec, d state.Dir, memMiB ui
 	if err != nil {
 		return nil, err
 	}
-	// VFIO pins all guest memory; QEMU drops root's exemption with -runas.
+	// VFIO pins all guest memory; QEMU, run as the job's user, has no
+	// root exemption.
 	lim := (memMiB + 1024) << 20
 	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: lim, Max: lim}); err != nil {
 		return nil, fmt.Errorf("raise RLIMIT_MEMLOCK to %d MiB for VFIO: %w", lim>>20, err)
@@ -331,6 +332,17 @@ func checkAllocated(stepGPUs, gresConf string) error {
 	return unconstrained
 }
 
+// vfioGroupFiles are the /dev/vfio/<group> files the VMM of plan opens.
+func vfioGroupFiles(plan *gpu.Plan) []string {
+	var out []string
+	for _, g := range plan.GPUs {
+		if g.VFIOGroupFile != "" {
+			out = append(out, g.VFIOGroupFile)
+		}
+	}
+	return out
+}
+
 // releaseGPUs gives the step's GPUs back (their drivers as before) once the
 // VMM is gone; an error names the device that is not free.
 func releaseGPUs(ctx context.Context, d state.Dir) error {
@@ -344,6 +356,10 @@ func releaseGPUs(ctx context.Context, d state.Dir) error {
 	var plan gpu.Plan
 	if err := json.Unmarshal(b, &plan); err != nil {
 		return fmt.Errorf("read GPU plan: %w", err)
+	}
+	// The VMM had the group files as the job's uid: root's again first.
+	if err := qemu.ReleaseDevices(vfioGroupFiles(&plan)); err != nil {
+		return err
 	}
 	return plan.Release(ctx)
 }
@@ -366,6 +382,15 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	}
 	if err := l.phase(ctx, d, "create scratch and open shares"); err != nil {
 		return nil, err
+	}
+	var vfioFiles []string // the VMM opens them by name, as the job's uid
+	if machine != nil {
+		if b, err := os.ReadFile(d.File(gpuPlanFile)); err == nil {
+			var plan gpu.Plan
+			if json.Unmarshal(b, &plan) == nil {
+				vfioFiles = vfioGroupFiles(&plan)
+			}
+		}
 	}
 	shares, err := l.resolveMounts(ctx, s, log)
 	if err != nil {
@@ -429,7 +454,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		RootDisk: img.Disk, ImageEnv: img.Config.Env, ImageWorkdir: img.Config.WorkingDir,
 		User: s.User, UID: s.UID, GID: s.GID, Groups: s.Groups,
 		Hostname: s.Hostname, Debug: s.Debug, Logger: log,
-		PCI: machine != nil, MachineArgs: machine,
+		PCI: machine != nil, MachineArgs: machine, DeviceFiles: vfioFiles,
 		Shares: sharesForVM,
 	})
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher"
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
+	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
@@ -100,6 +101,9 @@ func validateCommand() *cli.Command {
 				if t != nil {
 					t.Close()
 				}
+				if err := checkShareCount(cfg, u, mounts, origin, c.String("mpi")); err != nil {
+					return cli.Exit(err.Error(), 2)
+				}
 			} else if _, err := fs.Parse(origin, mounts); err != nil {
 				return cli.Exit(err.Error(), 2)
 			}
@@ -110,6 +114,33 @@ func validateCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// checkShareCount counts the host shares a step would get (site mounts,
+// scratch, the user's mounts, the host MPI share where the MPI mode may
+// inject) against what a microVM takes (qemu.MaxSharesMicrovm): a step
+// over it would fail on the node.
+func checkShareCount(cfg *config.Config, u fs.User, mounts, origin, mpiMode string) error {
+	entries, err := cfg.Mounts.Plan(u, mounts, origin, "")
+	if err != nil {
+		return nil // Resolve reported what matters
+	}
+	count := map[fs.Origin]int{}
+	for _, e := range entries {
+		count[e.Origin]++
+	}
+	if mpiMode == "" {
+		mpiMode = cfg.MPI.Default
+	}
+	n, mpi := len(entries), 0
+	if mpiMode == "auto" || mpiMode == "host" {
+		n, mpi = n+1, 1
+	}
+	if n <= qemu.MaxSharesMicrovm {
+		return nil
+	}
+	return fmt.Errorf("%s: the step would have %d host shares (%d of %s, %d site mounts, %d scratch, %d host MPI with --microvm-mpi=%s): a microVM takes at most %d (QEMU -M microvm's virtio-mmio slots); mount a common parent instead of several directories under it",
+		origin, n, count[fs.OriginUser], origin, count[fs.OriginSite], count[fs.OriginScratch], mpi, mpiMode, qemu.MaxSharesMicrovm)
 }
 
 func prepareCommand() *cli.Command {

@@ -18,6 +18,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/slurm-microvm/slurm-microvm/fs"
+	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
@@ -105,7 +106,9 @@ type QEMU struct {
 	Kernel string `toml:"kernel"`
 	// Agent is the static guest agent binary put into the initramfs.
 	Agent string `toml:"agent"`
-	// RunAs drops QEMU to the job's user (-runas) after it opened its files.
+	// RunAs executes QEMU with the job's numeric uid, gid and
+	// supplementary groups (launcher/qemu). false keeps QEMU as root, and
+	// is refused while any host share is possible (see sharesPossible).
 	RunAs *bool `toml:"runas"`
 	// Seccomp turns on QEMU's seccomp sandbox (-sandbox on,...).
 	Seccomp *bool `toml:"seccomp"`
@@ -338,12 +341,63 @@ func (c *Config) validate(path string, data []byte) []error {
 			bad(key, "%d must be at least 1", n)
 		}
 	}
+	errs = append(errs, c.checkShares(path, data)...)
 	for key, d := range map[string]Duration{"timeouts.boot": c.Timeouts.Boot, "timeouts.start": c.Timeouts.Start, "timeouts.stop_grace": c.Timeouts.StopGrace} {
 		if d.Duration <= 0 {
 			bad(key, "%s must be positive", d.Duration)
 		}
 	}
 	return errs
+}
+
+// checkShares refuses qemu.runas = false while the file allows host shares,
+// and more shares than a microVM takes before a user adds any.
+//
+// Rule (launcher/qemu identity): host shares use 9p security_model=none,
+// under which QEMU applies a guest's chown, setuid bits and mknod with its
+// own credentials. A root QEMU would make a guest root a host root in
+// every writable share, and read past every permission in read-only ones.
+func (c *Config) checkShares(path string, data []byte) []error {
+	var errs []error
+	bad := func(key, format string, a ...any) {
+		errs = append(errs, &Error{Path: path, Line: lineOf(data, strings.Split(key, ".")), Key: key, Msg: fmt.Sprintf(format, a...)})
+	}
+	if c.QEMU.RunAs != nil && !*c.QEMU.RunAs {
+		if why := c.sharesPossible(); len(why) > 0 {
+			bad("qemu.runas", "false runs QEMU as root, and QEMU applies a guest root's chown, setuid bits and device nodes in host shares with its own credentials (a guest root would be root on the host): refused while host shares are possible (%s); set runas = true (the default), or turn every share off",
+				strings.Join(why, ", "))
+		}
+	}
+	entries, err := c.Mounts.Plan(fs.User{Name: "user", Home: "/home/user"}, "", "", "")
+	if err != nil {
+		return errs // reported by Mounts.Validate
+	}
+	n := len(entries)
+	if c.MPI.Default == "auto" || c.MPI.Default == "host" {
+		n++
+	}
+	if n > qemu.MaxSharesMicrovm {
+		bad("mounts.site", "%d site mounts, scratch and the host MPI share: a microVM takes at most %d host shares (launcher/qemu MaxSharesMicrovm), so every step would be refused; mount common parents instead", n, qemu.MaxSharesMicrovm)
+	}
+	return errs
+}
+
+// sharesPossible names the settings under which a step gets a host share.
+func (c *Config) sharesPossible() []string {
+	var why []string
+	if len(c.Mounts.Site) > 0 {
+		why = append(why, "mounts.site")
+	}
+	if c.Mounts.ScratchBase != "" {
+		why = append(why, "mounts.scratch_base")
+	}
+	if len(c.Mounts.Allowed) > 0 {
+		why = append(why, "mounts.allowed")
+	}
+	if c.MPI.Default == "auto" || c.MPI.Default == "host" {
+		why = append(why, "mpi.default = "+c.MPI.Default)
+	}
+	return why
 }
 
 // lineOf finds the line where key is set: the line "last = ..." inside the

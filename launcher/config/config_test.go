@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 	"os"
 	"strings"
@@ -38,6 +39,14 @@ func TestParse(t *testing.T) {
 		{name: "relative runtime dir", in: "runtime_dir = \"run\"\n", wantErr: []string{"microvm.toml:1: runtime_dir: \"run\" must be an absolute path"}},
 		{name: "every problem reported", in: "[qemu]\naccel = \"x\"\nbinary = \"\"\n", wantErr: []string{"qemu.accel", "qemu.binary"}},
 		{name: "image limit zero", in: "[images]\nmax_entries = 0\n", wantErr: []string{"microvm.toml:2: images.max_entries: 0 must be at least 1"}},
+		{name: "runas off with the default shares", in: "[qemu]\nrunas = false\n",
+			wantErr: []string{"microvm.toml:2: qemu.runas: false runs QEMU as root", "mounts.scratch_base", "mounts.allowed", "mpi.default = auto", "set runas = true"}},
+		{name: "runas off with one site mount", in: "[qemu]\nrunas = false\n[mounts]\nallowed = []\nscratch_base = \"\"\nsite = [\"/opt/site:/opt/site:ro\"]\n[mpi]\ndefault = \"off\"\n",
+			wantErr: []string{"qemu.runas", "host shares are possible (mounts.site)"}},
+		{name: "runas off without any share", in: "[qemu]\nrunas = false\n[mounts]\nallowed = []\nscratch_base = \"\"\n[mpi]\ndefault = \"image\"\n",
+			check: func(c *Config) error { return nil }},
+		{name: "more site mounts than a microVM takes", in: "[mounts]\nsite = [" + siteMounts(21) + "]\n",
+			wantErr: []string{"mounts.site: 23 site mounts, scratch and the host MPI share: a microVM takes at most 21 host shares"}},
 		{name: "memory below minimum", in: "[resources]\ndefault_memory_mib = 100\n", wantErr: []string{"default_memory_mib: 100 MiB is below min_memory_mib"}},
 	}
 	for _, tt := range tests {
@@ -62,6 +71,15 @@ func TestParse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// siteMounts is n site mount specs, TOML-quoted.
+func siteMounts(n int) string {
+	var l []string
+	for i := 0; i < n; i++ {
+		l = append(l, fmt.Sprintf("%q", fmt.Sprintf("/opt/s%d:/opt/s%d:ro", i, i)))
+	}
+	return strings.Join(l, ", ")
 }
 
 func TestLoadMissing(t *testing.T) {

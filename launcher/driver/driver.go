@@ -8,8 +8,9 @@
 // each task is a separate process, running as the job's user, that attaches
 // to the running sandbox (Driver.Attach) with nothing but its state
 // directory, runs one process in it and relays stdio, signals and status.
-// Stop may come from yet another process (task_exit, spank_exit, the
-// epilog): it works from the state directory alone.
+// The lifecycle's stop may come from yet another process (task_exit,
+// spank_exit, the epilog): it works from the state directory alone, by the
+// recorded pids; Sandbox.Stop is the supervisor's own, graceful path.
 //
 // Design decision: the interface is process-level (exec, signal, wait), not
 // VM-level (serial ports, sockets), because a Kata driver reaches the guest
@@ -31,6 +32,12 @@ import (
 // executable in the image; the task exits 127, as a shell's would.
 var ErrCommandNotFound = errors.New("command not found in the image")
 
+// ErrSandboxExited is matched (errors.Is) by the errors a Client or Process
+// returns once the sandbox's VMM is gone; their text says how it ended
+// ("the microVM's VMM exited: killed by signal 9 (SIGKILL)"), not the
+// closed connection that showed it.
+var ErrSandboxExited = errors.New("the sandbox's VMM exited")
+
 // SandboxConfig is what a driver needs to boot one step's sandbox.
 type SandboxConfig struct {
 	// ID names the sandbox, "<job>.<step>.<restart>".
@@ -47,7 +54,8 @@ type SandboxConfig struct {
 	// ImageEnv and ImageWorkdir come from the image config.
 	ImageEnv     []string
 	ImageWorkdir string
-	// The job's identity: every process in the guest runs with it.
+	// The job's identity: every process in the guest runs with it, and
+	// so does the VMM on the host (numeric ids; User is for logs).
 	User   string
 	UID    uint32
 	GID    uint32
@@ -62,6 +70,9 @@ type SandboxConfig struct {
 	// MachineArgs (launcher/gpu's Plan.QEMUArgs for the QEMU driver).
 	PCI         bool
 	MachineArgs []string
+	// DeviceFiles are host device nodes the VMM opens by name (VFIO
+	// group files): the driver gives them to the VMM's uid while it runs.
+	DeviceFiles []string
 	Debug       bool
 	Logger      *slog.Logger
 }
@@ -76,8 +87,14 @@ type Sandbox interface {
 	Serve(ctx context.Context) error
 	// Done is closed when the sandbox (its VMM) has exited.
 	Done() <-chan struct{}
-	// Stop powers the guest off gracefully within grace, then kills the
-	// VMM. Idempotent.
+	// Stop ends the sandbox from the process that started it: it asks the
+	// guest to end its processes and sync (bounded by the driver's stop
+	// grace and ctx), then kills the VMM whether or not the guest answered,
+	// and returns once the VMM is gone (Done is closed). Idempotent; it
+	// returns nil (a guest that does not answer is killed, not an
+	// error). A stop from another process
+	// (task_exit, spank_exit, the epilog) is the lifecycle's Stop, which
+	// works from the state directory's recorded pids instead.
 	Stop(ctx context.Context) error
 	// Pid is the VMM's pid on the host.
 	Pid() int

@@ -22,8 +22,11 @@ type VMConfig struct {
 	ConsoleLog string
 	// AgentFD is the fd number (in QEMU) of the control channel socket.
 	AgentFD int
-	// RunAs is the user name QEMU drops to; "" keeps the caller's.
-	RunAs   string
+	// FDSets are inherited descriptors QEMU takes by "/dev/fdset/SET"
+	// (-add-fd): it dup()s them instead of opening a path, so files the
+	// VMM's identity could not open by name (a root-only cache or state
+	// directory) are reachable all the same, and only those.
+	FDSets  []FDSet
 	Seccomp bool
 	// PCI selects a q35 machine with virtio-pci devices, for VFIO
 	// passthrough; MachineArgs then carry the -M line, the memory backend
@@ -31,6 +34,20 @@ type VMConfig struct {
 	PCI         bool
 	MachineArgs []string
 }
+
+// FDSet is one -add-fd: inherited fd FD in fd set Set.
+type FDSet struct{ FD, Set int }
+
+// FDSetPath is the path by which QEMU's qemu_open takes a descriptor of fd
+// set set (util/osdep.c; block drives and chardev files open that way).
+func FDSetPath(set int) string { return fmt.Sprintf("/dev/fdset/%d", set) }
+
+// SandboxOptions is QEMU's -sandbox (seccomp) setting. QEMU runs as the
+// job's identity from its first instruction (the driver execs it with the
+// job's credentials; no -runas), so it never needs set*id:
+// elevateprivileges=deny as well (measured with QEMU 7.2: with -runas it
+// killed QEMU with SIGSYS; without it the guest boots).
+const SandboxOptions = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
 // escape makes s one literal value in a QEMU option string (QEMU splits
 // options on ',' and reads ',,' as a literal comma).
@@ -74,6 +91,9 @@ func Args(c VMConfig) ([]string, error) {
 		cpu = "host,host-phys-bits=on"
 	}
 	args := []string{"-name", escape(c.Name)}
+	for _, f := range c.FDSets {
+		args = append(args, "-add-fd", fmt.Sprintf("fd=%d,set=%d", f.FD, f.Set))
+	}
 	args = append(args, machine...)
 	args = append(args,
 		"-accel", accel,
@@ -92,11 +112,8 @@ func Args(c VMConfig) ([]string, error) {
 		"-device", "virtio-serial-"+bus+",max_ports=2",
 		"-device", "virtserialport,chardev=agent,name=agent",
 	)
-	if c.RunAs != "" {
-		args = append(args, "-runas", c.RunAs)
-	}
 	if c.Seccomp {
-		args = append(args, "-sandbox", "on,obsolete=deny,spawn=deny,resourcecontrol=deny")
+		args = append(args, "-sandbox", SandboxOptions)
 	}
 	return args, nil
 }

@@ -24,8 +24,10 @@ func TestArgs(t *testing.T) {
 			"-chardev socket,id=agent,fd=3", "-no-reboot",
 		}, notWant: []string{"-runas", "-sandbox"}},
 		{name: "a comma in a path cannot add an option", want: []string{"file=/var/cache/a,,readonly=off/img.erofs"}},
-		{name: "runas and seccomp", mod: func(c *VMConfig) { c.RunAs = "alice"; c.Seccomp = true },
-			want: []string{"-runas alice", "-sandbox on,obsolete=deny,spawn=deny,resourcecontrol=deny"}},
+		{name: "seccomp, and never -runas", mod: func(c *VMConfig) { c.Seccomp = true },
+			want: []string{"-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"}, notWant: []string{"-runas"}},
+		{name: "fd sets", mod: func(c *VMConfig) { c.FDSets = []FDSet{{FD: 6, Set: 1}}; c.RootDisk = FDSetPath(1) },
+			want: []string{"-add-fd fd=6,set=1", "file=/dev/fdset/1"}},
 		{name: "KVM", mod: func(c *VMConfig) { c.Accel = "kvm" }, want: []string{"-accel kvm", "-cpu host"}},
 		{name: "PCI machine for VFIO", mod: func(c *VMConfig) {
 			c.Accel, c.PCI, c.MachineArgs = "kvm", true, []string{"-M", "q35,memory-backend=gpu-ram"}

@@ -40,14 +40,13 @@ func TestBootExecStop(t *testing.T) {
 	uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
 	user := ""
 	if uid == 0 {
-		// Run the guest processes as nobody; QEMU itself as root is
-		// enough here (-runas is exercised end to end with Slurm).
+		// Run the guest processes, and QEMU, as nobody.
 		uid, gid = 65534, 65534
 	}
 	accel := qemu.DetectAccel()
 	d := qemu.New(qemu.Options{
 		Binary: "qemu-system-x86_64", Accel: accel, Kernel: a.Kernel, Initrd: a.Initrd,
-		Cmdline: assets.KernelCmdline(accel), Seccomp: true,
+		Cmdline: assets.KernelCmdline(accel), Seccomp: true, RunAs: true,
 		BootTimeout: 90 * time.Second, StopGrace: 5 * time.Second,
 	})
 	t0 := time.Now()
@@ -196,7 +195,11 @@ func TestBootFailsFast(t *testing.T) {
 	fixture.BusyboxRootfs(t, rootfs, "Fail Fast OS")
 	disk := filepath.Join(tmp, "root.erofs")
 	fixture.Erofs(t, rootfs, disk)
-	share, err := os.Open(t.TempDir())
+	shareDir := t.TempDir()
+	if err := os.Chmod(shareDir, 0o755); err != nil { // QEMU runs as nobody
+		t.Fatal(err)
+	}
+	share, err := os.Open(shareDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +211,7 @@ func TestBootFailsFast(t *testing.T) {
 	accel := qemu.DetectAccel()
 	d := qemu.New(qemu.Options{
 		Binary: "qemu-system-x86_64", Accel: accel, Kernel: a.Kernel, Initrd: a.Initrd,
-		Cmdline: assets.KernelCmdline(accel), BootTimeout: 90 * time.Second, StopGrace: 5 * time.Second,
+		Cmdline: assets.KernelCmdline(accel), RunAs: true, BootTimeout: 90 * time.Second, StopGrace: 5 * time.Second,
 	})
 	t0 := time.Now()
 	sb, err := d.Start(ctx, driver.SandboxConfig{

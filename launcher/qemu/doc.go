@@ -21,10 +21,55 @@
 //   - Accelerator: KVM only when kvm_intel or kvm_amd is loaded and /dev/kvm
 //     opens; any other /dev/kvm (e.g. a nested PVM device) cannot run a stock
 //     kernel, so TCG is used.
-//   - QEMU drops to the job's user with -runas after opening its files and
-//     runs under its seccomp sandbox with obsolete, spawn and
-//     resourcecontrol denied (elevateprivileges stays allowed: -runas needs
-//     it, measured on QEMU 7.2).
+//   - Identity: QEMU is executed with the job's numeric uid, gid and
+//     supplementary groups (SysProcAttr.Credential, the ones Slurm gave the
+//     step and the mount check opened the shares with), not dropped with
+//     -runas: -runas takes the passwd entry's primary group and
+//     initgroups(), which differ from a job's --gid or Slurm's groups, and
+//     needs set*id under seccomp. Everything QEMU would open by name as
+//     root is opened by the supervisor and inherited: kernel and initrd
+//     as /proc/self/fd/N (QEMU's loader reopens them; they are
+//     world-readable assets), root disk and console log as -add-fd fd sets
+//     (/dev/fdset/N: QEMU dup()s them, so the image cache and the state
+//     directory may be root-only). /dev/kvm: QEMU 7.2 opens it by name and
+//     takes no descriptor, so under KVM, when the job's identity cannot
+//     open it, QEMU also gets /dev/kvm's group (as libvirt runs QEMU in
+//     the kvm group) — the one difference from the job's groups, logged
+//     with the identity. VFIO group files (/dev/vfio/<group>, no descriptor
+//     option in 7.2's vfio-pci) are given to the VMM's uid, 0600, for its
+//     life and back to root at its end and at the GPU release. Not a
+//     private mount namespace with a user-owned /dev/kvm node: a re-exec
+//     helper for one device. The job's user can ptrace its own VMM (same
+//     uid, dumpable after exec); the VMM holds only the step's own
+//     resources (its guest, its shares, its GPUs, a KVM fd).
+//   - Seccomp: -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,
+//     resourcecontrol=deny. With -runas, elevateprivileges=deny killed QEMU
+//     7.2 with SIGSYS; executed as the user it boots (TestVMMIdentity).
+//   - Shares only under the job's identity: 9p security_model=none applies
+//     the guest's chown, setuid bits and mknod with QEMU's credentials, so
+//     a root QEMU (qemu.runas = false) would give a guest root root-owned
+//     setuid files and device nodes on the host; Start refuses every share
+//     then (ErrSharesNeedJobIdentity), and config refuses runas = false
+//     while shares are possible. Measured (TestGuestRootInShare): as the
+//     user, the guest root's chown and mknod get EPERM; chmod u+s leaves a
+//     file setuid to the job's user, as the user could make one on the host.
+//   - Share limit, measured with QEMU 7.2 (TestShareLimit): -M microvm has
+//     24 virtio-mmio transports (the 25th device: "No 'virtio-bus' bus
+//     found"), but with all 24 in use the guest (Debian 12's 6.1 kernel)
+//     hangs mounting the last share; 23 work: 21 shares beside the root
+//     disk and the control channel (MaxSharesMicrovm). q35 (GPU steps)
+//     takes 30 devices on pcie.0 (QEMU: "PCI: no slot/function available"
+//     past it; guest not booted here, no KVM): 28 less one root port per
+//     GPU. Counted before QEMU starts (TooManySharesError) and at submit
+//     (`validate`, the microvm limit). Not lifted: packing 9p devices as
+//     PCI multifunction or behind a pcie-pci-bridge only helps q35, and
+//     could not be booted here.
+//   - The VMM's end is recorded by the supervisor in vmm.exit ("the
+//     microVM's VMM exited: killed by signal 9 (SIGKILL)"); task clients
+//     (Attach, Exec, Wait) whose connection breaks wait briefly for it and
+//     return *VMMExitedError (errors.Is driver.ErrSandboxExited) instead of
+//     "ttrpc: closed" (TestVMMKilled). Not a message on the channel: the
+//     supervisor relays raw ttrpc bytes and cannot add one.
 //   - Every option value that comes from a path is escaped for QEMU's option
 //     parser (`,` doubled); nothing user-typed reaches the kernel command line.
 package qemu

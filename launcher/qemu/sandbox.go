@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,7 +33,11 @@ type Options struct {
 	Kernel string // vmlinux
 	Initrd string
 	// Cmdline is added to the kernel command line (e.g. tsc_early_khz).
-	Cmdline     []string
+	Cmdline []string
+	// RunAs runs QEMU with the job's numeric identity (uid, gid and
+	// supplementary groups of the SandboxConfig) when the caller is root.
+	// Off, QEMU keeps the caller's identity, and a root caller then gets
+	// no host shares (see Start).
 	RunAs       bool
 	Seccomp     bool
 	BootTimeout time.Duration
@@ -65,15 +70,33 @@ type sandbox struct {
 	mounts  []*api.Mount
 
 	stopOnce sync.Once
-	stopErr  error
+	// stopping is set before Stop kills the VMM: its end is then not a
+	// failure of the step.
+	stopping atomic.Bool
 }
 
 // Start boots the VM and returns once the agent answered and is set up.
 // On any failure everything started is torn down before it returns.
+//
+// QEMU is executed with the job's numeric identity (see identity): every
+// file it needs but that identity may not open by name is opened here and
+// inherited. Host shares are refused unless QEMU runs as the job's user
+// (ErrSharesNeedJobIdentity), and more shares than the machine has device
+// slots for are refused before QEMU starts (*TooManySharesError).
 func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sandbox, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	id, err := d.identity(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Shares) > 0 && !id.asJob {
+		return nil, fmt.Errorf("%w: %s; %d host share(s) refused (set qemu.runas = true, the default, in microvm.toml)", ErrSharesNeedJobIdentity, id.why, len(cfg.Shares))
+	}
+	if max := MaxShares(cfg.PCI, gpuPorts(cfg.MachineArgs)); len(cfg.Shares) > max {
+		return nil, &TooManySharesError{Shares: len(cfg.Shares), Max: max, PCI: cfg.PCI, GPUs: gpuPorts(cfg.MachineArgs)}
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -85,6 +108,10 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	// process holds it too, the channel never reaches EOF when QEMU dies
 	// and a failed boot would wait on it.
 	defer guestEnd.Close()
+	fail := func(err error) (driver.Sandbox, error) {
+		hostEnd.Close()
+		return nil, err
+	}
 
 	// d.o.Cmdline (assets.KernelCmdline) carries the console, reboot and
 	// timer settings; add the verbosity.
@@ -99,37 +126,79 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		// virtio-pci and the rest are not in the agent's boot set.
 		cmdline = append(cmdline, "slurm_microvm.modules=all")
 	}
-	runAs := ""
-	if d.o.RunAs && cfg.UID != 0 && os.Geteuid() == 0 {
-		runAs = cfg.User
+
+	// The files QEMU reads or writes by name, opened here (as root where
+	// the supervisor is root) and inherited: fds 4.. follow the control
+	// channel (3). The kernel and initrd are taken by /proc/self/fd/N
+	// (QEMU's loader reopens them; they are world-readable assets); the
+	// root disk and the console log by fd set (QEMU dup()s them, so a
+	// root-only image cache or state directory stays root-only).
+	consolePath := filepath.Join(cfg.StateDir, state.ConsoleLog)
+	// The console log is the job user's: --microvm-debug prints it from
+	// the task.
+	if err := createOwned(consolePath, cfg.UID, cfg.GID); err != nil {
+		return fail(err)
 	}
+	var opened []*os.File
+	defer func() {
+		for _, f := range opened {
+			f.Close()
+		}
+	}()
+	open := func(what, path string, flag int) (*os.File, error) {
+		f, err := os.OpenFile(path, flag|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open %s for the VMM: %w", what, err)
+		}
+		opened = append(opened, f)
+		return f, nil
+	}
+	extra := []*os.File{guestEnd}
+	for _, f := range []struct {
+		what, path string
+		flag       int
+	}{
+		{"kernel", d.o.Kernel, os.O_RDONLY},
+		{"initrd", d.o.Initrd, os.O_RDONLY},
+		{"root disk", cfg.RootDisk, os.O_RDONLY},
+		{"console log", consolePath, os.O_WRONLY | os.O_APPEND},
+	} {
+		if f.path == "" {
+			return fail(fmt.Errorf("qemu: no %s given", f.what))
+		}
+		of, err := open(f.what, f.path, f.flag)
+		if err != nil {
+			return fail(err)
+		}
+		extra = append(extra, of)
+	}
+	const kernelFD, initrdFD, diskFD, consoleFD = 4, 5, 6, 7
+	const diskSet, consoleSet = 1, 2
 	vm := VMConfig{
 		Name:        "slurm-microvm-" + cfg.ID,
 		Accel:       d.o.Accel,
 		CPUs:        cfg.CPUs,
 		MemoryMiB:   cfg.MemoryMiB,
-		Kernel:      d.o.Kernel,
-		Initrd:      d.o.Initrd,
+		Kernel:      fs.ProcFDPath(kernelFD),
+		Initrd:      fs.ProcFDPath(initrdFD),
 		Cmdline:     cmdline,
-		RootDisk:    cfg.RootDisk,
-		ConsoleLog:  filepath.Join(cfg.StateDir, state.ConsoleLog),
+		RootDisk:    FDSetPath(diskSet),
+		ConsoleLog:  FDSetPath(consoleSet),
+		FDSets:      []FDSet{{FD: diskFD, Set: diskSet}, {FD: consoleFD, Set: consoleSet}},
 		AgentFD:     3,
-		RunAs:       runAs,
 		Seccomp:     d.o.Seccomp,
 		PCI:         cfg.PCI,
 		MachineArgs: cfg.MachineArgs,
 	}
 	args, err := Args(vm)
 	if err != nil {
-		hostEnd.Close()
-		return nil, err
+		return fail(err)
 	}
 	// Host shares: QEMU's 9p server, on the directories the launcher
-	// opened as the job's user, inherited as fds 4, 5, ...
-	extra := []*os.File{guestEnd}
+	// opened as the job's user, inherited as the next fds.
 	var mounts []*api.Mount
 	for i, sh := range cfg.Shares {
-		fd := 4 + i
+		fd := 3 + len(extra)
 		dev := fs.NinePDeviceMMIO
 		if cfg.PCI {
 			dev = fs.NinePDevicePCI
@@ -138,8 +207,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		share := fs.NineP{ID: tag, Tag: tag, Path: fs.ProcFDPath(fd), ReadOnly: sh.ReadOnly, SecurityModel: fs.SecurityNone, Device: dev}
 		sargs, err := share.Args()
 		if err != nil {
-			hostEnd.Close()
-			return nil, err
+			return fail(err)
 		}
 		args = append(args, sargs...)
 		extra = append(extra, sh.Dir)
@@ -147,31 +215,33 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	}
 	logf, err := os.OpenFile(filepath.Join(cfg.StateDir, vmmLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
-		hostEnd.Close()
-		return nil, fmt.Errorf("create VMM log: %w", err)
+		return fail(fmt.Errorf("create VMM log: %w", err))
 	}
 	defer logf.Close()
-	// The console log is written by QEMU after -runas: create it for the
-	// job's user up front.
-	if err := createOwned(vm.ConsoleLog, cfg.UID, cfg.GID); err != nil {
-		hostEnd.Close()
-		return nil, err
+	_ = os.Remove(filepath.Join(cfg.StateDir, VMMExitFile))
+	restore, err := giveDevices(cfg.DeviceFiles, id)
+	if err != nil {
+		return fail(err)
 	}
 	cmd := exec.Command(d.o.Binary, args...)
 	cmd.ExtraFiles = extra
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// The VMM must not outlive its supervisor.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	log.Info("starting VMM", "binary", d.o.Binary, "args", strings.Join(args, " "))
+	// The VMM must not outlive its supervisor. Go sets the parent-death
+	// signal after the credentials (a credential change clears it).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: id.cred}
+	log.Info("starting VMM", "binary", d.o.Binary, "identity", id.String(), "args", strings.Join(args, " "))
 	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
-		hostEnd.Close()
-		return nil, fmt.Errorf("start VMM %s: %w", d.o.Binary, err)
+		restore()
+		return fail(fmt.Errorf("start VMM %s as %s: %w", d.o.Binary, id, err))
 	}
 	guestEnd.Close()
 	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts}
 	go func() {
-		s.waitErr = cmd.Wait()
+		err := cmd.Wait()
+		restore()
+		s.waitErr = err
+		s.recordExit(err)
 		close(s.done)
 	}()
 	if err := state.WriteProc(filepath.Join(cfg.StateDir, state.VMMPidFile), cmd.Process.Pid); err != nil {
@@ -279,7 +349,10 @@ func (s *sandbox) Pid() int { return s.cmd.Process.Pid }
 
 func (s *sandbox) Done() <-chan struct{} { return s.done }
 
+// kill ends the VMM (its end is then recorded as a stop, not a failure)
+// and waits for it.
 func (s *sandbox) kill() {
+	s.stopping.Store(true)
 	_ = s.cmd.Process.Kill()
 	<-s.done
 	if s.sess != nil {
@@ -313,7 +386,7 @@ func (s *sandbox) Stop(ctx context.Context) error {
 		}
 		s.kill()
 	})
-	return s.stopErr
+	return nil
 }
 
 // Listen creates the control socket under a temporary name, gives it to
@@ -428,12 +501,17 @@ func Attach(ctx context.Context, stateDir string) (driver.Client, error) {
 	var dl net.Dialer
 	conn, err := dl.DialContext(ctx, "unix", filepath.Join(stateDir, state.ControlSocket))
 	if err != nil {
-		return nil, fmt.Errorf("connect to sandbox: %w", err)
+		return nil, explain(ctx, stateDir, fmt.Errorf("connect to sandbox: %w", err))
 	}
-	return &client{c: agent.NewClient(conn)}, nil
+	return &client{c: agent.NewClient(conn), stateDir: stateDir}, nil
 }
 
-type client struct{ c *agent.Client }
+// client and process turn every error seen after the VMM died into a
+// *VMMExitedError naming its end (explain), not the closed connection.
+type client struct {
+	c        *agent.Client
+	stateDir string
+}
 
 func (c *client) Close() error { return c.c.Close() }
 
@@ -450,7 +528,7 @@ func (c *client) Exec(ctx context.Context, spec driver.ProcessSpec) (driver.Proc
 	}
 	p, err := c.c.Start(ctx, req)
 	if err != nil {
-		return nil, err
+		return nil, explain(ctx, c.stateDir, err)
 	}
 	info := p.Forwards()
 	for i, f := range spec.FDs {
@@ -459,10 +537,13 @@ func (c *client) Exec(ctx context.Context, spec driver.ProcessSpec) (driver.Proc
 	for i, l := range spec.Listeners {
 		go p.ServeListener(ctx, uint32(len(spec.FDs)+i), l.Dial)
 	}
-	return process{p}, nil
+	return process{p, c.stateDir}, nil
 }
 
-type process struct{ p *agent.Process }
+type process struct {
+	p        *agent.Process
+	stateDir string
+}
 
 func (p process) Relay(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) {
 	p.p.Relay(ctx, stdin, stdout, stderr)
@@ -474,5 +555,5 @@ func (p process) Resize(ctx context.Context, rows, cols uint16) error {
 func (p process) Path() string { return p.p.Path }
 func (p process) Wait(ctx context.Context) (driver.ExitStatus, error) {
 	st, err := p.p.Wait(ctx)
-	return driver.ExitStatus{Code: st.Code, Signal: st.Signal}, err
+	return driver.ExitStatus{Code: st.Code, Signal: st.Signal}, explain(ctx, p.stateDir, err)
 }
