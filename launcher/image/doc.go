@@ -150,7 +150,8 @@
 // Disk: mkfs.erofs (erofs-utils 1.5, which has no tar input) on the
 // unpacked tree, uncompressed by default: fastest to build and to read
 // (Options.Compression selects lz4/lz4hc). erofs beat the alternatives as a
-// root filesystem in the project's measurements (see DESIGN.md).
+// root filesystem when measured here (mkfs.erofs of a 200 MB Debian
+// minbase: 0.9 s; README "Design decisions").
 //
 // Cache: CacheRoot/<uid>/<hex>.erofs + <hex>.json, per user, root-owned
 // (dir 0700, files 0444): one user's private image is never usable by

@@ -37,7 +37,7 @@ type Impl struct {
 	Launcher []string
 	// Env is added to the environment of host runs: Open MPI refuses root
 	// without OMPI_ALLOW_RUN_AS_ROOT*; MPICH 4.0 over UCX sometimes hangs
-	// in MPI_Finalize over TCP (DESIGN.md), so UCX_TLS keeps it on
+	// in MPI_Finalize over TCP (UCX 1.13, seen on the bare host too), so UCX_TLS keeps it on
 	// shared memory.
 	Env []string
 }
