@@ -19,4 +19,12 @@
 //     needs no init of its own.
 //   - argv[0] is resolved with the image's PATH inside that root, following
 //     the image's symlinks relative to the root, never the host's PATH.
+//   - A process's environment is the image's ENV overridden by the task's,
+//     less every name the step owns (StepOwned: SLURM_*, SLURMD_*, PMI_*,
+//     PMI2_*, PMIX_*, the GPU selection variables) on the image's side: an
+//     image cannot plant a job id, a rank or a PMIx server address that the
+//     task did not set. Alternative: dropping only the names the task sets
+//     (what a plain merge does) lets the image supply the rest, e.g. a
+//     PMIX_SERVER_URI* in a step without PMIx. The list is fixed in the
+//     agent rather than sent by the host, so every driver applies it.
 package guest

@@ -292,14 +292,19 @@ func describe(ws unix.WaitStatus) string {
 	return "exit " + strconv.Itoa(ws.ExitStatus())
 }
 
-// mergeEnv returns base overridden by over (KEY=VALUE lists): the image's
-// environment, then the task's, as pyxis and enroot combine them.
-func mergeEnv(base, over []string) []string {
+// mergeEnv returns image overridden by task (KEY=VALUE lists): the image's
+// environment, then the task's, as pyxis and enroot combine them. Names the
+// step owns (StepOwned) never come from the image, whether or not the task
+// sets them.
+func mergeEnv(image, task []string) []string {
 	idx := map[string]int{}
 	var out []string
-	for _, list := range [][]string{base, over} {
+	for i, list := range [][]string{image, task} {
 		for _, kv := range list {
 			k, _, _ := strings.Cut(kv, "=")
+			if i == 0 && StepOwned(k) {
+				continue
+			}
 			if i, ok := idx[k]; ok {
 				out[i] = kv
 				continue
