@@ -24,7 +24,10 @@ import (
 // Processes run on this host without chroot, as uid/gid.
 func startAgent(t *testing.T, uid, gid uint32) *transport.Session {
 	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	// Non-blocking, so os.NewFile puts the ends in the poller and Close
+	// ends a pending Read: with blocking ends, yamux's Close waits for a
+	// read that nothing ends and the cleanup hangs now and then.
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC|syscall.SOCK_NONBLOCK, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
