@@ -52,4 +52,18 @@
 //   - The identity of every guest process is fixed by the supervisor at
 //     Setup (uid, gid, groups from the plugin, i.e. from slurmstepd), never
 //     by the exec client, which runs as the user.
+//   - Signals are never lost: the exec entry catches the signals it
+//     forwards (HUP, INT, QUIT, USR1, USR2, ALRM, TERM, CONT) before it
+//     waits for the sandbox, and those that came before the process existed
+//     go with the exec request as pending signals, in order; the guest
+//     agent delivers each once the workload catches or ignores it (see
+//     launcher/agent/guest). Every one of them is queued, the terminating
+//     ones too: a workload's TERM trap (checkpoint, requeue on preemption)
+//     would have run on the host. Alternative: ending the task at once as
+//     the default action would, for TERM/INT/HUP/QUIT/ALRM; rejected
+//     because it skips those traps, while Slurm's KillWait and SIGKILL
+//     (which the exec process cannot catch) still bound a task that waits.
+//   - spec.json carries the user's paths (image, mounts, workdir) byte for
+//     byte: a value that is not UTF-8 is also written base64 under "raw",
+//     since encoding/json would replace its bytes by U+FFFD.
 package launcher

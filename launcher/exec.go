@@ -85,10 +85,45 @@ type Stdio struct {
 // limit, srun's Ctrl-C) that are passed on to the process in the guest.
 var forwarded = []os.Signal{unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGALRM, unix.SIGTERM, unix.SIGCONT}
 
+// catchSignals starts catching the forwarded signals (and SIGWINCH) into a
+// channel; stop it with signal.Stop. Until then none of them is lost: Go
+// would ignore SIGUSR1 and end the process on SIGTERM.
+func catchSignals() chan os.Signal {
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs, append(forwarded, unix.SIGWINCH)...)
+	return sigs
+}
+
+// pendingSignals drains what sigs caught so far: the forwarded signals, in
+// order (SIGWINCH is dropped: the size is read at the start).
+func pendingSignals(sigs chan os.Signal) []syscall.Signal {
+	var out []syscall.Signal
+	for {
+		select {
+		case s := <-sigs:
+			if sig := s.(syscall.Signal); sig != unix.SIGWINCH {
+				out = append(out, sig)
+			}
+		default:
+			return out
+		}
+	}
+}
+
 // ExecIn runs argv in the attached sandbox client c, relaying stdio, window
 // size and signals, and returns the process's exit status. A terminal on
 // stdin gives the process a terminal in the guest.
 func ExecIn(ctx context.Context, c driver.Client, spec driver.ProcessSpec, io Stdio) (driver.ExitStatus, error) {
+	sigs := catchSignals()
+	defer signal.Stop(sigs)
+	return execIn(ctx, c, spec, io, sigs)
+}
+
+// execIn is ExecIn with the signals caught by sigs since before the
+// sandbox was ready: those that came before the process existed reach it
+// as pending signals (driver.ProcessSpec.PendingSignals), the later ones
+// as they come.
+func execIn(ctx context.Context, c driver.Client, spec driver.ProcessSpec, io Stdio, sigs chan os.Signal) (driver.ExitStatus, error) {
 	tty := io.In != nil && isTerminal(io.In)
 	spec.Terminal = tty
 	if tty {
@@ -96,11 +131,7 @@ func ExecIn(ctx context.Context, c driver.Client, spec driver.ProcessSpec, io St
 			spec.Rows, spec.Cols = ws.Row, ws.Col
 		}
 	}
-	// Signals are caught before the process exists, so none is lost.
-	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, append(forwarded, unix.SIGWINCH)...)
-	defer signal.Stop(sigs)
-
+	spec.PendingSignals = append(spec.PendingSignals, pendingSignals(sigs)...)
 	p, err := c.Exec(ctx, spec)
 	if err != nil {
 		return driver.ExitStatus{}, err
@@ -159,6 +190,10 @@ func (l *Launcher) Exec(ctx context.Context, stateDir string, argv, env []string
 	if len(argv) == 0 {
 		return driver.ExitStatus{}, errors.New("no command given")
 	}
+	// A signal that comes while the microVM boots (scancel -s USR1, an
+	// early --signal) waits for the process instead of being lost.
+	sigs := catchSignals()
+	defer signal.Stop(sigs)
 	if err := WaitReady(ctx, stateDir, l.Config.Timeouts.Start.Duration); err != nil {
 		return driver.ExitStatus{}, err
 	}
@@ -186,7 +221,7 @@ func (l *Launcher) Exec(ctx context.Context, stateDir string, argv, env []string
 		return driver.ExitStatus{}, err
 	}
 	defer c.Close()
-	return ExecIn(ctx, c, spec, io)
+	return execIn(ctx, c, spec, io, sigs)
 }
 
 // guestGPUEnv renumbers CUDA_VISIBLE_DEVICES for the guest, where the

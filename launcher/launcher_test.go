@@ -152,3 +152,25 @@ func TestGuestGPUEnv(t *testing.T) {
 		}
 	}
 }
+
+// TestSpecNonUTF8: the user's paths reach the supervisor and the tasks
+// through spec.json byte for byte, UTF-8 or not.
+func TestSpecNonUTF8(t *testing.T) {
+	for _, v := range []string{"/w\xff\xfe", "/plain/ü", ""} {
+		in := &Spec{ID: state.StepID{Job: 1}, Image: "/img" + v + ".sqsh", Mounts: "/src" + v + ":/dst" + v, Workdir: v, User: "u"}
+		d := state.Dir{Root: t.TempDir(), ID: in.ID}
+		if err := os.MkdirAll(d.Path(), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeSpec(d, in); err != nil {
+			t.Fatal(err)
+		}
+		out, err := ReadSpec(d.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Image != in.Image || out.Mounts != in.Mounts || out.Workdir != in.Workdir || out.User != "u" || out.ID != in.ID {
+			t.Errorf("spec.json round trip of %q: got image %q mounts %q workdir %q user %q id %v", v, out.Image, out.Mounts, out.Workdir, out.User, out.ID)
+		}
+	}
+}

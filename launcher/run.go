@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
@@ -13,6 +14,9 @@ import (
 // would, and tears everything down before returning, whatever happened.
 // It needs no Slurm: `slurm-microvm run`.
 func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio Stdio) (driver.ExitStatus, error) {
+	// Signals that come during the boot wait for the process (see Exec).
+	sigs := catchSignals()
+	defer signal.Stop(sigs)
 	d := s.Dir(l.Config)
 	defer os.Remove(d.Root) // only when no other step uses it: nothing left behind
 	if err := l.Prepare(ctx, s); err != nil {
@@ -45,5 +49,5 @@ func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio S
 		return driver.ExitStatus{}, err
 	}
 	defer c.Close()
-	return ExecIn(ctx, c, driver.ProcessSpec{Argv: argv, Env: TaskEnv(env), Cwd: s.Workdir}, stdio)
+	return execIn(ctx, c, driver.ProcessSpec{Argv: argv, Env: TaskEnv(env), Cwd: s.Workdir}, stdio, sigs)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"unicode/utf8"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
@@ -50,6 +51,51 @@ type Spec struct {
 // Dir is the state directory of the spec's step under the configured root.
 func (s *Spec) Dir(c *config.Config) state.Dir {
 	return state.Dir{Root: c.RuntimeDir, ID: s.ID}
+}
+
+// MarshalJSON writes the spec as its fields say, and the user's paths
+// (Image, Mounts, Workdir) that are not UTF-8 also byte-exact under "raw"
+// (base64): encoding/json replaces such bytes by U+FFFD, and Linux paths
+// may hold any byte but NUL.
+func (s Spec) MarshalJSON() ([]byte, error) {
+	type plain Spec
+	out := struct {
+		plain
+		Raw map[string][]byte `json:"raw,omitempty"`
+	}{plain: plain(s)}
+	for name, f := range (&s).rawFields() {
+		if !utf8.ValidString(*f) {
+			if out.Raw == nil {
+				out.Raw = map[string][]byte{}
+			}
+			out.Raw[name] = []byte(*f)
+		}
+	}
+	return json.Marshal(out)
+}
+
+// UnmarshalJSON reads what MarshalJSON wrote.
+func (s *Spec) UnmarshalJSON(b []byte) error {
+	type plain Spec
+	in := struct {
+		*plain
+		Raw map[string][]byte `json:"raw"`
+	}{plain: (*plain)(s)}
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	fields := s.rawFields()
+	for name, v := range in.Raw {
+		if f, ok := fields[name]; ok {
+			*f = string(v)
+		}
+	}
+	return nil
+}
+
+// rawFields are the spec's fields that carry the user's bytes, by JSON name.
+func (s *Spec) rawFields() map[string]*string {
+	return map[string]*string{"image": &s.Image, "mounts": &s.Mounts, "workdir": &s.Workdir}
 }
 
 func writeSpec(d state.Dir, s *Spec) error {

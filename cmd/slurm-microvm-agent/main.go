@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containerd/ttrpc"
 	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/guest"
@@ -88,12 +87,11 @@ func run(ctx context.Context, log *slog.Logger, allModules bool) error {
 	if err != nil {
 		return err
 	}
-	srv, err := ttrpc.NewServer()
+	svc := guest.New(guest.Options{Setup: guest.MountRoot, PowerOff: powerOff, SetClock: guest.SetRealtime, Logger: log})
+	srv, err := svc.NewServer()
 	if err != nil {
-		return fmt.Errorf("create ttrpc server: %w", err)
+		return err
 	}
-	svc := guest.New(guest.Options{Setup: guest.MountRoot, PowerOff: powerOff, Logger: log})
-	svc.Register(srv)
 	log.Info("agent serving", "port", port, "ms_since_agent_start", time.Since(t0).Milliseconds(), "uptime_ms", uptime().Milliseconds())
 	if err := srv.Serve(ctx, l); err != nil && !strings.Contains(err.Error(), "closed") {
 		return fmt.Errorf("serve agent API: %w", err)

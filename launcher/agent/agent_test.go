@@ -3,6 +3,7 @@ package agent_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"net"
 	"os"
@@ -11,8 +12,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/containerd/ttrpc"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
@@ -26,7 +25,10 @@ import (
 // Processes run on this host without chroot, as uid/gid.
 func startAgent(t *testing.T, uid, gid uint32) *transport.Session {
 	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	// Non-blocking, so os.NewFile puts the ends in the poller and Close
+	// ends a pending Read: with blocking ends, yamux's Close waits for a
+	// read that nothing ends and the cleanup hangs now and then.
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC|syscall.SOCK_NONBLOCK, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,12 +38,11 @@ func startAgent(t *testing.T, uid, gid uint32) *transport.Session {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := ttrpc.NewServer()
+	svc := guest.New(guest.Options{})
+	srv, err := svc.NewServer()
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := guest.New(guest.Options{})
-	svc.Register(srv)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { _ = srv.Serve(ctx, l) }()
 	sess, err := transport.NewHostSession(hostEnd)
@@ -55,7 +56,7 @@ func startAgent(t *testing.T, uid, gid uint32) *transport.Session {
 		svc.Close()
 	})
 	c := dial(t, sess)
-	if _, err := c.Setup(context.Background(), &api.SetupRequest{Uid: uid, Gid: gid, Groups: []uint32{gid}, ImageEnv: []string{"PATH=/usr/bin:/bin"}}); err != nil {
+	if _, err := c.Setup(context.Background(), &api.SetupRequest{Uid: uid, Gid: gid, Groups: []uint32{gid}, ImageEnv: api.Bytes([]string{"PATH=/usr/bin:/bin"})}); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
 	if _, err := c.Setup(context.Background(), &api.SetupRequest{Uid: 0}); err == nil {
@@ -81,7 +82,7 @@ func runIn(t *testing.T, c *agent.Client, stdin string, argv ...string) (string,
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: argv, Env: []string{"PATH=/nonexistent", "FOO=bar"}})
+	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: api.Bytes(argv), Env: api.Bytes([]string{"PATH=/nonexistent", "FOO=bar"})})
 	if err != nil {
 		t.Fatalf("start %v: %v", argv, err)
 	}
@@ -147,9 +148,54 @@ func TestProcesses(t *testing.T) {
 func TestCommandNotFound(t *testing.T) {
 	prereq.Root(t, "the agent runs processes as the task's uid")
 	c := dial(t, startAgent(t, 65534, 65534))
-	_, err := c.Start(context.Background(), &api.CreateProcessRequest{Argv: []string{"no-such-command-xyz"}})
+	_, err := c.Start(context.Background(), &api.CreateProcessRequest{Argv: api.Bytes([]string{"no-such-command-xyz"})})
 	if !errors.Is(err, agent.ErrCommandNotFound) {
 		t.Fatalf("err = %v, want ErrCommandNotFound", err)
+	}
+}
+
+// TestNonUTF8 carries bytes that are not UTF-8 in argv, an environment
+// value and the working directory exactly, and names such a command in a
+// clear error instead of failing the call with a protocol error.
+func TestNonUTF8(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root")
+	}
+	c := dial(t, startAgent(t, 65534, 65534))
+	base, err := os.MkdirTemp("", "agent-nonutf8-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	dir := base + "/w\xff\xfe"
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := c.Start(ctx, &api.CreateProcessRequest{
+		Argv: api.Bytes([]string{"sh", "-c", `printf '%s|%s|%s' "$1" "$V" "$(pwd)" | od -An -tx1 | tr -d ' \n'`, "sh", "a\xff\xfe"}),
+		Env:  api.Bytes([]string{"V=\xff\xfe"}),
+		Cwd:  []byte(dir),
+	})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	var out, errb bytes.Buffer
+	p.Relay(ctx, nil, &out, &errb)
+	if st, err := p.Wait(ctx); err != nil || st.Code != 0 {
+		t.Fatalf("wait: %v, %v (stderr %q)", st, err, errb.String())
+	}
+	want := hex.EncodeToString([]byte("a\xff\xfe|\xff\xfe|" + dir))
+	if out.String() != want {
+		t.Errorf("the process saw %s, want %s", out.String(), want)
+	}
+	_, err = c.Start(ctx, &api.CreateProcessRequest{Argv: api.Bytes([]string{"no-such-\xff"})})
+	if !errors.Is(err, agent.ErrCommandNotFound) || !strings.Contains(err.Error(), `no-such-\xff`) {
+		t.Errorf("missing command with a non-UTF-8 name: err %v, want ErrCommandNotFound naming no-such-\\xff", err)
 	}
 }
 
@@ -158,7 +204,7 @@ func TestSignalForwarding(t *testing.T) {
 	c := dial(t, startAgent(t, 65534, 65534))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: []string{"sh", "-c", "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.1; done"}})
+	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: api.Bytes([]string{"sh", "-c", "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.1; done"})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +235,7 @@ func TestTerminal(t *testing.T) {
 	c := dial(t, startAgent(t, 65534, 65534))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: []string{"sh", "-c", "test -t 0 && test -t 1 && stty size"}, Terminal: true, Rows: 33, Cols: 101})
+	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: api.Bytes([]string{"sh", "-c", "test -t 0 && test -t 1 && stty size"}), Terminal: true, Rows: 33, Cols: 101})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,8 +292,8 @@ func TestForwards(t *testing.T) {
 	script := `read line <&5; echo "fd-got:$line"; echo "$URI"; a=${URI#tcp://}; ` +
 		`echo hello | ` + bb + ` nc ${a%:*} ${a##*:}`
 	p, err := c.Start(ctx, &api.CreateProcessRequest{
-		Argv: []string{"sh", "-c", script},
-		Env:  []string{"URI=tcp://" + hostAddr},
+		Argv: api.Bytes([]string{"sh", "-c", script}),
+		Env:  api.Bytes([]string{"URI=tcp://" + hostAddr}),
 		Forwards: []*api.Forward{
 			{Fd: 5},
 			{Listen: "127.0.0.1:0", Replace: hostAddr},

@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
@@ -74,6 +75,11 @@ type Process struct {
 // Start creates a process in the guest. A command missing from the image
 // gives an error wrapping ErrCommandNotFound.
 func (c *Client) Start(ctx context.Context, req *api.CreateProcessRequest) (*Process, error) {
+	if req.HostTimeNs == 0 {
+		// The guest sets its clock to the host's before the process
+		// starts (guest.Service.syncClock).
+		req.HostTimeNs = time.Now().UnixNano()
+	}
 	resp, err := c.CreateProcess(ctx, req)
 	if err != nil {
 		if status.Code(err) == codes.NotFound {
@@ -81,7 +87,7 @@ func (c *Client) Start(ctx context.Context, req *api.CreateProcessRequest) (*Pro
 		}
 		return nil, fmt.Errorf("create process %q: %s", req.Argv[0], status.Convert(err).Message())
 	}
-	return &Process{c: c, ID: resp.Id, Pid: resp.Pid, Path: resp.Path, tty: req.Terminal, forwards: resp.Forwards}, nil
+	return &Process{c: c, ID: resp.Id, Pid: resp.Pid, Path: string(resp.Path), tty: req.Terminal, forwards: resp.Forwards}, nil
 }
 
 func (p *Process) setErr(err error) {

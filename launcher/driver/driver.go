@@ -121,6 +121,10 @@ type ProcessSpec struct {
 	// Listeners are loopback listeners in the guest whose connections are
 	// relayed to host connections: PMIx's server URI.
 	Listeners []ListenerForward
+	// PendingSignals reached the task before the process existed (while
+	// the sandbox booted), in arrival order: the process gets each once it
+	// catches or ignores it, or after a grace (launcher/agent/guest).
+	PendingSignals []syscall.Signal
 }
 
 // FDForward relays Host (closed when done) to fd GuestFD of the process.

@@ -211,7 +211,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		}
 		args = append(args, sargs...)
 		extra = append(extra, sh.Dir)
-		mounts = append(mounts, &api.Mount{Tag: tag, Destination: sh.Destination, ReadOnly: sh.ReadOnly})
+		mounts = append(mounts, &api.Mount{Tag: tag, Destination: []byte(sh.Destination), ReadOnly: sh.ReadOnly})
 	}
 	logf, err := os.OpenFile(filepath.Join(cfg.StateDir, vmmLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -296,7 +296,7 @@ func (s *sandbox) waitReady(ctx context.Context) error {
 			Uid: s.cfg.UID, Gid: s.cfg.GID, Groups: s.cfg.Groups,
 			RootDevice: "/dev/vda", RootFstype: "erofs",
 			OverlayMib: s.cfg.OverlayMiB, Hostname: s.cfg.Hostname,
-			ImageEnv: s.cfg.ImageEnv, ImageWorkdir: s.cfg.ImageWorkdir,
+			ImageEnv: api.Bytes(s.cfg.ImageEnv), ImageWorkdir: []byte(s.cfg.ImageWorkdir),
 			Mounts: s.mounts,
 		})
 		ch <- result{c, err}
@@ -517,8 +517,11 @@ func (c *client) Close() error { return c.c.Close() }
 
 func (c *client) Exec(ctx context.Context, spec driver.ProcessSpec) (driver.Process, error) {
 	req := &api.CreateProcessRequest{
-		Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd,
+		Argv: api.Bytes(spec.Argv), Env: api.Bytes(spec.Env), Cwd: []byte(spec.Cwd),
 		Terminal: spec.Terminal, Rows: uint32(spec.Rows), Cols: uint32(spec.Cols),
+	}
+	for _, sig := range spec.PendingSignals {
+		req.PendingSignals = append(req.PendingSignals, uint32(sig))
 	}
 	for _, f := range spec.FDs {
 		req.Forwards = append(req.Forwards, &api.Forward{Fd: uint32(f.GuestFD)})

@@ -217,8 +217,9 @@ type SetupRequest struct {
 	OverlayMib uint64 `protobuf:"varint,6,opt,name=overlay_mib,json=overlayMib,proto3" json:"overlay_mib,omitempty"`
 	Hostname   string `protobuf:"bytes,7,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	// Image config: environment (KEY=VALUE) and default working directory.
-	ImageEnv     []string `protobuf:"bytes,8,rep,name=image_env,json=imageEnv,proto3" json:"image_env,omitempty"`
-	ImageWorkdir string   `protobuf:"bytes,9,opt,name=image_workdir,json=imageWorkdir,proto3" json:"image_workdir,omitempty"`
+	// Bytes, not strings: names and values are Linux's, any bytes but NUL.
+	ImageEnv     [][]byte `protobuf:"bytes,8,rep,name=image_env,json=imageEnv,proto3" json:"image_env,omitempty"`
+	ImageWorkdir []byte   `protobuf:"bytes,9,opt,name=image_workdir,json=imageWorkdir,proto3" json:"image_workdir,omitempty"`
 	// Host directories to mount, parents first (9p tags of the VMM).
 	Mounts        []*Mount `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -304,18 +305,18 @@ func (x *SetupRequest) GetHostname() string {
 	return ""
 }
 
-func (x *SetupRequest) GetImageEnv() []string {
+func (x *SetupRequest) GetImageEnv() [][]byte {
 	if x != nil {
 		return x.ImageEnv
 	}
 	return nil
 }
 
-func (x *SetupRequest) GetImageWorkdir() string {
+func (x *SetupRequest) GetImageWorkdir() []byte {
 	if x != nil {
 		return x.ImageWorkdir
 	}
-	return ""
+	return nil
 }
 
 func (x *SetupRequest) GetMounts() []*Mount {
@@ -329,8 +330,8 @@ type Mount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Tag   string                 `protobuf:"bytes,1,opt,name=tag,proto3" json:"tag,omitempty"`
 	// Absolute path in the guest root; resolved inside the root, never
-	// following the image's symlinks out of it.
-	Destination string `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	// following the image's symlinks out of it. Bytes: any Linux path.
+	Destination []byte `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
 	// Read-only is enforced by the VMM on the host (readonly=on); the
 	// guest mount is read-only too, for convenience.
 	ReadOnly      bool `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
@@ -375,11 +376,11 @@ func (x *Mount) GetTag() string {
 	return ""
 }
 
-func (x *Mount) GetDestination() string {
+func (x *Mount) GetDestination() []byte {
 	if x != nil {
 		return x.Destination
 	}
-	return ""
+	return nil
 }
 
 func (x *Mount) GetReadOnly() bool {
@@ -391,19 +392,30 @@ func (x *Mount) GetReadOnly() bool {
 
 type CreateProcessRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Argv  []string               `protobuf:"bytes,1,rep,name=argv,proto3" json:"argv,omitempty"`
+	// argv, env and cwd are bytes, not strings: Linux allows any byte but
+	// NUL in them, and a protobuf string must be UTF-8.
+	Argv [][]byte `protobuf:"bytes,1,rep,name=argv,proto3" json:"argv,omitempty"`
 	// Complete environment of the process (KEY=VALUE); PATH from the image
 	// replaces the host's.
-	Env []string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty"`
+	Env [][]byte `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty"`
 	// Working directory inside the guest root; empty: the image's WORKDIR or /.
-	Cwd      string `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Cwd      []byte `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	Terminal bool   `protobuf:"varint,4,opt,name=terminal,proto3" json:"terminal,omitempty"`
 	Rows     uint32 `protobuf:"varint,5,opt,name=rows,proto3" json:"rows,omitempty"`
 	Cols     uint32 `protobuf:"varint,6,opt,name=cols,proto3" json:"cols,omitempty"`
 	// Byte pipes between the host task and the process (PMI).
-	Forwards      []*Forward `protobuf:"bytes,7,rep,name=forwards,proto3" json:"forwards,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Forwards []*Forward `protobuf:"bytes,7,rep,name=forwards,proto3" json:"forwards,omitempty"`
+	// The host's CLOCK_REALTIME when the request was sent, nanoseconds
+	// since the Unix epoch: the guest sets its clock to it before the
+	// process starts. 0: leave the clock.
+	HostTimeNs int64 `protobuf:"varint,8,opt,name=host_time_ns,json=hostTimeNs,proto3" json:"host_time_ns,omitempty"`
+	// Signals that reached the task before the process existed, in the
+	// order they came: each is delivered once the process catches or
+	// ignores it, or when it exits, or after the agent's grace
+	// (guest.PendingSignalGrace) from the start, whichever comes first.
+	PendingSignals []uint32 `protobuf:"varint,9,rep,packed,name=pending_signals,json=pendingSignals,proto3" json:"pending_signals,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CreateProcessRequest) Reset() {
@@ -436,25 +448,25 @@ func (*CreateProcessRequest) Descriptor() ([]byte, []int) {
 	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
-func (x *CreateProcessRequest) GetArgv() []string {
+func (x *CreateProcessRequest) GetArgv() [][]byte {
 	if x != nil {
 		return x.Argv
 	}
 	return nil
 }
 
-func (x *CreateProcessRequest) GetEnv() []string {
+func (x *CreateProcessRequest) GetEnv() [][]byte {
 	if x != nil {
 		return x.Env
 	}
 	return nil
 }
 
-func (x *CreateProcessRequest) GetCwd() string {
+func (x *CreateProcessRequest) GetCwd() []byte {
 	if x != nil {
 		return x.Cwd
 	}
-	return ""
+	return nil
 }
 
 func (x *CreateProcessRequest) GetTerminal() bool {
@@ -481,6 +493,20 @@ func (x *CreateProcessRequest) GetCols() uint32 {
 func (x *CreateProcessRequest) GetForwards() []*Forward {
 	if x != nil {
 		return x.Forwards
+	}
+	return nil
+}
+
+func (x *CreateProcessRequest) GetHostTimeNs() int64 {
+	if x != nil {
+		return x.HostTimeNs
+	}
+	return 0
+}
+
+func (x *CreateProcessRequest) GetPendingSignals() []uint32 {
+	if x != nil {
+		return x.PendingSignals
 	}
 	return nil
 }
@@ -557,7 +583,7 @@ type CreateProcessResponse struct {
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Pid   uint32                 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
 	// Absolute path argv[0] resolved to inside the image.
-	Path string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	Path []byte `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
 	// Per forward, in request order: the channel of an fd forward, the
 	// listening address of a listener forward.
 	Forwards      []*ForwardInfo `protobuf:"bytes,4,rep,name=forwards,proto3" json:"forwards,omitempty"`
@@ -609,11 +635,11 @@ func (x *CreateProcessResponse) GetPid() uint32 {
 	return 0
 }
 
-func (x *CreateProcessResponse) GetPath() string {
+func (x *CreateProcessResponse) GetPath() []byte {
 	if x != nil {
 		return x.Path
 	}
-	return ""
+	return nil
 }
 
 func (x *CreateProcessResponse) GetForwards() []*ForwardInfo {
@@ -1360,22 +1386,25 @@ const file_agent_proto_rawDesc = "" +
 	"\voverlay_mib\x18\x06 \x01(\x04R\n" +
 	"overlayMib\x12\x1a\n" +
 	"\bhostname\x18\a \x01(\tR\bhostname\x12\x1b\n" +
-	"\timage_env\x18\b \x03(\tR\bimageEnv\x12#\n" +
-	"\rimage_workdir\x18\t \x01(\tR\fimageWorkdir\x124\n" +
+	"\timage_env\x18\b \x03(\fR\bimageEnv\x12#\n" +
+	"\rimage_workdir\x18\t \x01(\fR\fimageWorkdir\x124\n" +
 	"\x06mounts\x18\n" +
 	" \x03(\v2\x1c.slurmmicrovm.agent.v1.MountR\x06mounts\"X\n" +
 	"\x05Mount\x12\x10\n" +
 	"\x03tag\x18\x01 \x01(\tR\x03tag\x12 \n" +
-	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x1b\n" +
-	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\xce\x01\n" +
+	"\vdestination\x18\x02 \x01(\fR\vdestination\x12\x1b\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\x99\x02\n" +
 	"\x14CreateProcessRequest\x12\x12\n" +
-	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
-	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
-	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x1a\n" +
+	"\x04argv\x18\x01 \x03(\fR\x04argv\x12\x10\n" +
+	"\x03env\x18\x02 \x03(\fR\x03env\x12\x10\n" +
+	"\x03cwd\x18\x03 \x01(\fR\x03cwd\x12\x1a\n" +
 	"\bterminal\x18\x04 \x01(\bR\bterminal\x12\x12\n" +
 	"\x04rows\x18\x05 \x01(\rR\x04rows\x12\x12\n" +
 	"\x04cols\x18\x06 \x01(\rR\x04cols\x12:\n" +
-	"\bforwards\x18\a \x03(\v2\x1e.slurmmicrovm.agent.v1.ForwardR\bforwards\"K\n" +
+	"\bforwards\x18\a \x03(\v2\x1e.slurmmicrovm.agent.v1.ForwardR\bforwards\x12 \n" +
+	"\fhost_time_ns\x18\b \x01(\x03R\n" +
+	"hostTimeNs\x12'\n" +
+	"\x0fpending_signals\x18\t \x03(\rR\x0ependingSignals\"K\n" +
 	"\aForward\x12\x0e\n" +
 	"\x02fd\x18\x01 \x01(\rR\x02fd\x12\x16\n" +
 	"\x06listen\x18\x02 \x01(\tR\x06listen\x12\x18\n" +
@@ -1383,7 +1412,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x15CreateProcessResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
-	"\x04path\x18\x03 \x01(\tR\x04path\x12>\n" +
+	"\x04path\x18\x03 \x01(\fR\x04path\x12>\n" +
 	"\bforwards\x18\x04 \x03(\v2\".slurmmicrovm.agent.v1.ForwardInfoR\bforwards\"A\n" +
 	"\vForwardInfo\x12\x18\n" +
 	"\achannel\x18\x01 \x01(\tR\achannel\x12\x18\n" +

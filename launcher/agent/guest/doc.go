@@ -19,4 +19,43 @@
 //     needs no init of its own.
 //   - argv[0] is resolved with the image's PATH inside that root, following
 //     the image's symlinks relative to the root, never the host's PATH.
+//   - A process's environment is the image's ENV overridden by the task's,
+//     less every name the step owns (StepOwned: SLURM_*, SLURMD_*, PMI_*,
+//     PMI2_*, PMIX_*, the GPU selection variables) on the image's side: an
+//     image cannot plant a job id, a rank or a PMIx server address that the
+//     task did not set. Alternative: dropping only the names the task sets
+//     (what a plain merge does) lets the image supply the rest, e.g. a
+//     PMIX_SERVER_URI* in a step without PMIx. The list is fixed in the
+//     agent rather than sent by the host, so every driver applies it.
+//   - argv, environment, working directory, image ENV, mount destinations
+//     and the resolved path travel as protobuf bytes, not strings: Linux
+//     allows any byte but NUL in them, a protobuf string must be UTF-8, and
+//     one such byte used to fail the call with "string field contains
+//     invalid UTF-8". Error messages stay strings (they are text for a
+//     human); NewServer's interceptor writes their bytes that are not UTF-8
+//     as \xNN, so an error naming such a path still reaches the host.
+//     Alternative: escaping on the host and unescaping here; rejected, a
+//     second encoding of the same bytes that every driver would repeat.
+//   - Pending signals (CreateProcessRequest.pending_signals: they reached
+//     the task while the microVM booted) are delivered in order, each once
+//     the process catches or ignores it (SigCgt/SigIgn in /proc/PID/status,
+//     polled every 5 ms: a shell's trap has run, a runtime's handler is
+//     in), at once when its default action leaves the process running, and
+//     at the latest PendingSignalGrace (10 s) after the start, when its
+//     default action applies as on the host to a workload that does not
+//     handle it. Signals that come while some are pending queue behind
+//     them. Alternative: delivering at once after the start; rejected, the
+//     workload has not installed its handler yet and dies of a signal it
+//     handles (USR1's default action ends a process).
+//   - The guest's CLOCK_REALTIME is set to the host's time carried by each
+//     CreateProcess request (its sending time) before the process starts,
+//     when the guest is behind it or more than clockSlack (10 ms) ahead: a
+//     TCG guest's kernel clock starts from the RTC's whole second and
+//     drifts, and timestamps on shared filesystems and build tools must
+//     agree with the host's. Between starts the guest clock runs free.
+//     Alternatives: setting it once at Setup, which drifts again (and the
+//     Setup request is built before the boot, so its time is stale); a
+//     guest NTP or PTP (ptp_kvm) client, which needs KVM and a network or
+//     more kernel modules, and gives nothing at the first instruction of a
+//     workload started right after the boot.
 package guest

@@ -125,9 +125,10 @@ func mountShares(ctx context.Context, mounts []*api.Mount) error {
 		return fmt.Errorf("load modules for host shares: %w", err)
 	}
 	for _, m := range mounts {
-		f, in, err := guestpath.Resolve(rootDir, m.Destination, guestpath.Options{Create: true, Refuse: fs.GuestReserved})
+		dst := string(m.Destination)
+		f, in, err := guestpath.Resolve(rootDir, dst, guestpath.Options{Create: true, Refuse: fs.GuestReserved})
 		if err != nil {
-			return fmt.Errorf("mount point %s: %w", m.Destination, err)
+			return fmt.Errorf("mount point %s: %w", dst, err)
 		}
 		flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
 		if m.ReadOnly {
@@ -136,7 +137,7 @@ func mountShares(ctx context.Context, mounts []*api.Mount) error {
 		err = unix.Mount(m.Tag, fmt.Sprintf("/proc/self/fd/%d", f.Fd()), "9p", flags, guestpath.NinePOptions)
 		f.Close()
 		if err != nil {
-			return fmt.Errorf("mount host share %s on %s (%s): %w", m.Tag, m.Destination, in, err)
+			return fmt.Errorf("mount host share %s on %s (%s): %w", m.Tag, dst, in, err)
 		}
 	}
 	return nil

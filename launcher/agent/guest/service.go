@@ -37,9 +37,14 @@ type Options struct {
 	Setup func(ctx context.Context, req *api.SetupRequest) (root string, err error)
 	// PowerOff ends the guest after Shutdown answered. Nil: do nothing.
 	PowerOff func()
-	// Ping fills the kernel release, boot id and uptime; nil uses this
-	// system's (/proc).
-	Logger *slog.Logger
+	// SetClock sets the system's CLOCK_REALTIME (the guest passes
+	// SetRealtime). Nil: the clock is left alone (tests that run the
+	// service on the host).
+	SetClock func(time.Time) error
+	// PendingSignalGrace bounds the wait of a pending signal for its
+	// process to catch or ignore it; 0 means PendingSignalGrace.
+	PendingSignalGrace time.Duration
+	Logger             *slog.Logger
 }
 
 // Service implements api.AgentService.
@@ -56,6 +61,8 @@ type Service struct {
 	channels map[string]*channel
 	nextChan int
 	stopped  bool
+
+	clockMu sync.Mutex
 }
 
 type process struct {
@@ -70,6 +77,11 @@ type process struct {
 	readMu  [2]sync.Mutex
 	stdinMu sync.Mutex
 	fw      *forwards
+
+	// sigMu guards pending: signals waiting for the process to catch or
+	// ignore them (deliverPending), in arrival order.
+	sigMu   sync.Mutex
+	pending []unix.Signal
 }
 
 // New returns a Service; call Close when done.
@@ -146,20 +158,23 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 	if err != nil {
 		return nil, err
 	}
-	if len(req.Argv) == 0 || req.Argv[0] == "" {
+	// Go strings hold any bytes: argv, env and cwd go to execve as sent.
+	argv := api.Strings(req.Argv)
+	if len(argv) == 0 || argv[0] == "" {
 		return nil, status.Error(codes.InvalidArgument, "empty argv")
 	}
-	imagePath, ok := envValue(setup.ImageEnv, "PATH")
+	imageEnv := api.Strings(setup.ImageEnv)
+	imagePath, ok := envValue(imageEnv, "PATH")
 	if !ok {
 		imagePath = DefaultPath
 	}
-	resolved, err := lookPath(root, req.Argv[0], imagePath)
+	resolved, err := lookPath(root, argv[0], imagePath)
 	if err != nil {
 		return nil, status.Error(codes.NotFound, err.Error())
 	}
-	cwd := req.Cwd
+	cwd := string(req.Cwd)
 	if cwd == "" {
-		cwd = setup.ImageWorkdir
+		cwd = string(setup.ImageWorkdir)
 	}
 	if cwd == "" {
 		cwd = "/"
@@ -167,13 +182,13 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 	if fi, err := os.Stat(root + cwd); err != nil || !fi.IsDir() {
 		return nil, status.Errorf(codes.FailedPrecondition, "working directory %q does not exist in the image", cwd)
 	}
-	env := withPath(mergeEnv(setup.ImageEnv, req.Env), imagePath)
+	env := withPath(mergeEnv(imageEnv, api.Strings(req.Env)), imagePath)
 	fw, fwInfo, env, err := s.setupForwards(req.Forwards, env)
 	if err != nil {
 		return nil, err
 	}
 
-	p := &process{tty: req.Terminal, exited: make(chan struct{}), fw: fw}
+	p := &process{tty: req.Terminal, exited: make(chan struct{}), fw: fw, pending: pendingSignals(req.PendingSignals)}
 	var childFiles []*os.File
 	attr := &syscall.SysProcAttr{
 		Setsid: true,
@@ -221,8 +236,9 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 		p.stdin, p.stdout, p.stderr = inW, outR, errR
 		childFiles = []*os.File{inR, outW, errW}
 	}
+	s.syncClock(req.HostTimeNs)
 	pid, exitCh, err := s.reaper.start(func() (int, error) {
-		proc, err := os.StartProcess(resolved, req.Argv, &os.ProcAttr{
+		proc, err := os.StartProcess(resolved, argv, &os.ProcAttr{
 			Dir: cwd, Env: env, Files: fw.childFiles(childFiles), Sys: attr,
 		})
 		if err != nil {
@@ -243,9 +259,12 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 		} else if errors.Is(err, os.ErrNotExist) {
 			code = codes.NotFound
 		}
-		return nil, status.Errorf(code, "start %s: %v", req.Argv[0], err)
+		return nil, status.Errorf(code, "start %s: %v", argv[0], err)
 	}
 	p.pid = pid
+	if len(p.pending) > 0 {
+		go s.deliverPending(p, time.Now())
+	}
 
 	s.mu.Lock()
 	s.nextID++
@@ -263,8 +282,8 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 		}
 		s.log.Info("process exited", "id", p.id, "pid", pid, "status", describe(p.status))
 	}()
-	s.log.Info("process started", "id", p.id, "pid", pid, "path", resolved, "tty", req.Terminal)
-	return &api.CreateProcessResponse{Id: p.id, Pid: uint32(pid), Path: resolved, Forwards: fwInfo}, nil
+	s.log.Info("process started", "id", p.id, "pid", pid, "path", resolved, "tty", req.Terminal, "pending_signals", len(p.pending))
+	return &api.CreateProcessResponse{Id: p.id, Pid: uint32(pid), Path: []byte(resolved), Forwards: fwInfo}, nil
 }
 
 func closeChildEnds(files []*os.File) {
@@ -292,14 +311,19 @@ func describe(ws unix.WaitStatus) string {
 	return "exit " + strconv.Itoa(ws.ExitStatus())
 }
 
-// mergeEnv returns base overridden by over (KEY=VALUE lists): the image's
-// environment, then the task's, as pyxis and enroot combine them.
-func mergeEnv(base, over []string) []string {
+// mergeEnv returns image overridden by task (KEY=VALUE lists): the image's
+// environment, then the task's, as pyxis and enroot combine them. Names the
+// step owns (StepOwned) never come from the image, whether or not the task
+// sets them.
+func mergeEnv(image, task []string) []string {
 	idx := map[string]int{}
 	var out []string
-	for _, list := range [][]string{base, over} {
+	for i, list := range [][]string{image, task} {
 		for _, kv := range list {
 			k, _, _ := strings.Cut(kv, "=")
+			if i == 0 && StepOwned(k) {
+				continue
+			}
 			if i, ok := idx[k]; ok {
 				out[i] = kv
 				continue
@@ -440,6 +464,9 @@ func (s *Service) Signal(ctx context.Context, req *api.SignalRequest) (*api.Empt
 		return &api.Empty{}, nil
 	default:
 	}
+	if p.queue(unix.Signal(req.Signal)) {
+		return &api.Empty{}, nil // after the pending ones, in order
+	}
 	if err := unix.Kill(p.pid, unix.Signal(req.Signal)); err != nil && err != unix.ESRCH {
 		return nil, status.Errorf(codes.Internal, "signal %d to pid %d: %v", req.Signal, p.pid, err)
 	}
@@ -515,3 +542,41 @@ func (s *Service) Shutdown(ctx context.Context, _ *api.Empty) (*api.Empty, error
 
 // String helps logs.
 func (p *process) String() string { return fmt.Sprintf("process %s (pid %d)", p.id, p.pid) }
+
+// clockSlack is how far ahead of the host's time in a request the guest's
+// clock may be before it is set back: the request's time is its sending
+// time, so a guest clock up to the transit time ahead (a few ms over the
+// virtio-serial port) is right, and is not stepped back on every start.
+const clockSlack = 10 * time.Millisecond
+
+// syncClock sets the clock to hostNs (the host's CLOCK_REALTIME when the
+// request was sent, ns since the epoch) when the guest's is behind it, which
+// it cannot rightly be, or more than clockSlack ahead. 0 or no SetClock:
+// nothing.
+func (s *Service) syncClock(hostNs int64) {
+	if hostNs == 0 || s.opts.SetClock == nil {
+		return
+	}
+	s.clockMu.Lock()
+	defer s.clockMu.Unlock()
+	host := time.Unix(0, hostNs)
+	off := time.Since(host) // guest minus host, plus the transit time
+	if off >= 0 && off <= clockSlack {
+		return
+	}
+	if err := s.opts.SetClock(host); err != nil {
+		s.log.Warn("set the clock to the host's", "err", err, "offset", off)
+		return
+	}
+	s.log.Info("clock set to the host's", "was_off_ms", off.Milliseconds())
+}
+
+// SetRealtime sets CLOCK_REALTIME to t (needs CAP_SYS_TIME): the guest's
+// SetClock.
+func SetRealtime(t time.Time) error {
+	ts := unix.NsecToTimespec(t.UnixNano())
+	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		return fmt.Errorf("clock_settime(CLOCK_REALTIME): %w", err)
+	}
+	return nil
+}
