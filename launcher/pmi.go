@@ -13,7 +13,7 @@ import (
 // guestPMIFD is the descriptor number a rank gets for PMI-2 in the guest.
 const guestPMIFD = 3
 
-// withPMI carries the task's PMI into the guest (DESIGN.md, PMI facts):
+// withPMI carries the task's PMI into the guest (facts in mpi/pmi):
 //
 //   - PMI-2 (srun --mpi=pmi2): the task inherited PMI_FD from slurmstepd;
 //     the rank gets the other end of a relay as fd 3, and PMI_FD=3.

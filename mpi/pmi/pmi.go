@@ -10,7 +10,7 @@
 // the input slice is never modified.
 //
 // Facts these rules encode (measured with Slurm 22.05, PMIx 4.2, Open MPI
-// 4.1, MPICH 4.0 and a byte relay between namespaces; see DESIGN.md):
+// 4.1, MPICH 4.0 and a byte relay between namespaces):
 //   - PMIx: the task's five PMIX_SERVER_URI2, URI21, URI3, URI4 and URI41
 //     hold the same "pmix-server.<pid>;tcp4://127.0.0.1:<port>", and PMIx
 //     4.2 clients read only URI41: all five are rewritten to the guest
