@@ -1,7 +1,6 @@
 package qemu_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -85,22 +84,7 @@ func TestBootExecStop(t *testing.T) {
 	hostBoot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	run := func(argv ...string) (string, driver.ExitStatus) {
 		t.Helper()
-		c, err := qemu.Attach(ctx, stateDir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		p, err := c.Exec(ctx, driver.ProcessSpec{Argv: argv, Env: []string{"HOME=/"}})
-		if err != nil {
-			t.Fatalf("exec %v: %v", argv, err)
-		}
-		var out bytes.Buffer
-		p.Relay(ctx, nil, &out, &out)
-		st, err := p.Wait(ctx)
-		if err != nil {
-			t.Fatalf("wait %v: %v", argv, err)
-		}
-		return out.String(), st
+		return runArgv(t, ctx, stateDir, argv...)
 	}
 	tests := []struct {
 		argv  []string

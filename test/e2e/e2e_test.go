@@ -429,10 +429,20 @@ func startSrun(t *testing.T, e *harness.Env, ctx context.Context, args ...string
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startUntilReady(t, ctx, cmd, os.Stderr)
+}
+
+// startUntilReady starts cmd and returns once its stdout shows READY, with
+// the job id it printed as JOB=N; stderr nil sends its stderr to the same
+// record as stdout.
+func startUntilReady(t *testing.T, ctx context.Context, cmd *exec.Cmd, stderr io.Writer) (*started, int) {
+	t.Helper()
 	s := &started{cmd: cmd, done: make(chan error, 1)}
 	pr, pw, _ := os.Pipe()
-	cmd.Stdout = pw
-	cmd.Stderr = os.Stderr
+	cmd.Stdout, cmd.Stderr = pw, stderr
+	if stderr == nil {
+		cmd.Stderr = pw
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -102,40 +102,7 @@ func TestStatePermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &started{cmd: cmd, done: make(chan error, 1)}
-	pr, pw, _ := os.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pw.Close()
-	ready := make(chan int, 1)
-	go func() {
-		buf := make([]byte, 4096)
-		sent := false
-		for {
-			n, err := pr.Read(buf)
-			s.mu.Lock()
-			s.out.Write(buf[:n])
-			text := s.out.String()
-			s.mu.Unlock()
-			if !sent && strings.Contains(text, "READY") {
-				ready <- jobOfNoFail(text)
-				sent = true
-			}
-			if err != nil {
-				s.done <- cmd.Wait()
-				return
-			}
-		}
-	}()
-	var job int
-	select {
-	case job = <-ready:
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		t.Fatalf("A's step never started: %q", s.stdout())
-	}
+	s, job := startUntilReady(t, ctx, cmd, nil)
 	ended := false
 	end := func() {
 		if ended {
