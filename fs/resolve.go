@@ -249,8 +249,9 @@ func treeList(ts []tree) string {
 // tags "smv0", "smv1", ... and paths ProcFDPath(firstFD+i), and the files
 // to hand to QEMU so that share i is its descriptor firstFD+i (with
 // exec.Cmd, put them in ExtraFiles starting at index firstFD-3). Read-only
-// shares get readonly=on; security_model=none (QEMU runs as the job user
-// through -runas).
+// shares get readonly=on; security_model=none, which is safe only because
+// QEMU runs with the job's exact uid, gid and groups (launcher/qemu refuses
+// shares otherwise).
 func (t *Table) NineP(firstFD int) ([]NineP, []*os.File) {
 	var out []NineP
 	var files []*os.File
