@@ -158,9 +158,7 @@ func TestCommandNotFound(t *testing.T) {
 // value and the working directory exactly, and names such a command in a
 // clear error instead of failing the call with a protocol error.
 func TestNonUTF8(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root")
-	}
+	prereq.Root(t, "the agent runs the workload as uid 65534")
 	c := dial(t, startAgent(t, 65534, 65534))
 	base, err := os.MkdirTemp("", "agent-nonutf8-")
 	if err != nil {
