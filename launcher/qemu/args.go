@@ -104,7 +104,7 @@ func Args(c VMConfig) ([]string, error) {
 		"-kernel", c.Kernel,
 		"-initrd", c.Initrd,
 		"-append", strings.Join(c.Cmdline, " "),
-		"-chardev", "file,id=console,path="+escape(c.ConsoleLog),
+		"-chardev", "file,id=console,append=on,path="+escape(c.ConsoleLog),
 		"-serial", "chardev:console",
 		"-drive", "id=root,if=none,format=raw,readonly=on,file="+escape(c.RootDisk),
 		"-device", "virtio-blk-"+bus+",drive=root",

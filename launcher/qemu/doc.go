@@ -70,6 +70,15 @@
 //     return *VMMExitedError (errors.Is driver.ErrSandboxExited) instead of
 //     "ttrpc: closed" (TestVMMKilled). Not a message on the channel: the
 //     supervisor relays raw ttrpc bytes and cannot add one.
+//   - The guest console goes to a pipe that the supervisor copies into the
+//     state's console.log, root-owned 0644, up to Options.ConsoleMaxBytes
+//     (4 MiB), then drained and counted (console.go, TestConsoleBounded).
+//     Not a file QEMU writes directly: a guest root writes its serial port
+//     without limit into the node's /run tmpfs, and a user-owned file
+//     (as it was, for --microvm-debug) let the user write gigabytes that
+//     root then read whole and copied into its log. Not RLIMIT_FSIZE on
+//     QEMU: it would also bound the files the guest writes into shares.
+//     Error messages read at most the last 64 KiB of a log (tailFile).
 //   - Every option value that comes from a path is escaped for QEMU's option
 //     parser (`,` doubled); nothing user-typed reaches the kernel command line.
 package qemu

@@ -67,7 +67,7 @@ func ExitReason(err error, stopped bool) string {
 func (s *sandbox) recordExit(err error) {
 	msg := ExitReason(err, s.stopping.Load())
 	if !s.stopping.Load() {
-		if t := strings.TrimSpace(lastLines(readSmall(filepath.Join(s.cfg.StateDir, vmmLog)), 1)); t != "" {
+		if t := strings.TrimSpace(lastLines(tailFile(filepath.Join(s.cfg.StateDir, vmmLog)), 1)); t != "" {
 			msg += "; qemu: " + t
 		}
 		s.log.Error("VMM exited", "reason", msg)
@@ -82,11 +82,6 @@ func broken(err error) bool {
 	return errors.Is(err, ttrpc.ErrClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EPIPE) ||
 		errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ENOENT)
-}
-
-func readSmall(path string) string {
-	b, _ := os.ReadFile(path)
-	return string(b)
 }
 
 // VMMExitedError is a task's error once its VMM is gone: Reason says how

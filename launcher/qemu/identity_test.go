@@ -19,6 +19,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture"
 )
 
@@ -178,6 +179,16 @@ func TestVMMIdentity(t *testing.T) {
 	if st["CapEff"] != "0000000000000000" {
 		t.Errorf("VMM CapEff: %q, want none", st["CapEff"])
 	}
+	// The console log is root's, 0644: the job's user reads it through
+	// the state directory's ACL (--microvm-debug) but cannot write it,
+	// and the VMM writes only the supervisor's pipe (console.go).
+	var cst syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(stateDir, state.ConsoleLog), &cst); err != nil {
+		t.Fatal(err)
+	}
+	if cst.Uid != 0 || cst.Mode&0o777 != 0o644 {
+		t.Errorf("console.log: uid %d mode %o, want root's 0644 (a user-owned console lets the user write into root's log)", cst.Uid, cst.Mode&0o777)
+	}
 	run := serve(t, ctx, sb, stateDir)
 	out, _, err := run("id")
 	if err != nil {
@@ -185,6 +196,47 @@ func TestVMMIdentity(t *testing.T) {
 	}
 	if !strings.Contains(out, "uid=65534") || !strings.Contains(out, "gid=4242") {
 		t.Errorf("guest id: %q", out)
+	}
+}
+
+// TestConsoleBounded floods the serial console from a guest root: the
+// console log in the (tmpfs) state stops at the driver's bound with a note
+// of what was dropped, and the guest is not blocked by it.
+func TestConsoleBounded(t *testing.T) {
+	fixture.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	e := newVMEnv(t, ctx, "Console OS", nil)
+	stateDir := e.stateDir(t, "state")
+	const limit = 128 << 10
+	accel := qemu.DetectAccel()
+	d := qemu.New(qemu.Options{
+		Binary: "qemu-system-x86_64", Accel: accel, Kernel: e.a.Kernel, Initrd: e.a.Initrd,
+		Cmdline: assets.KernelCmdline(accel), RunAs: true, Seccomp: true,
+		BootTimeout: 90 * time.Second, StopGrace: 5 * time.Second, ConsoleMaxBytes: limit,
+	})
+	cfg := jobConfig("console", stateDir, e.disk)
+	cfg.User, cfg.UID, cfg.GID, cfg.Groups = "root", 0, 0, []uint32{0} // the workload is the guest's root
+	sb, err := d.Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() { _ = sb.Stop(context.Background()) })
+	run := serve(t, ctx, sb, stateDir)
+	out, st, err := run("sh", "-c", "dd if=/dev/zero bs=4096 count=128 2>/dev/null | tr '\\000' x >/dev/console; echo flooded")
+	if err != nil || st.Code != 0 || !strings.Contains(out, "flooded") {
+		t.Fatalf("flood: %q %+v %v", out, st, err)
+	}
+	_ = sb.Stop(context.Background())
+	b, err := os.ReadFile(filepath.Join(stateDir, state.ConsoleLog))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > limit+200 {
+		t.Errorf("console.log is %d bytes after a 512 KiB flood, want at most %d and a note", len(b), limit)
+	}
+	if !strings.Contains(string(b), "more bytes dropped") {
+		t.Errorf("console.log has no note of the dropped bytes (%d bytes, ends %q)", len(b), b[max(0, len(b)-120):])
 	}
 }
 

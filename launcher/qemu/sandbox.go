@@ -42,6 +42,9 @@ type Options struct {
 	Seccomp     bool
 	BootTimeout time.Duration
 	StopGrace   time.Duration
+	// ConsoleMaxBytes bounds the guest console kept in the state
+	// (console.log); 0 means DefaultConsoleMaxBytes.
+	ConsoleMaxBytes int64
 }
 
 // Driver is the QEMU runtime driver.
@@ -134,11 +137,6 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	// root disk and the console log by fd set (QEMU dup()s them, so a
 	// root-only image cache or state directory stays root-only).
 	consolePath := filepath.Join(cfg.StateDir, state.ConsoleLog)
-	// The console log is the job user's: --microvm-debug prints it from
-	// the task.
-	if err := createOwned(consolePath, cfg.UID, cfg.GID); err != nil {
-		return fail(err)
-	}
 	var opened []*os.File
 	defer func() {
 		for _, f := range opened {
@@ -161,7 +159,6 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		{"kernel", d.o.Kernel, os.O_RDONLY},
 		{"initrd", d.o.Initrd, os.O_RDONLY},
 		{"root disk", cfg.RootDisk, os.O_RDONLY},
-		{"console log", consolePath, os.O_WRONLY | os.O_APPEND},
 	} {
 		if f.path == "" {
 			return fail(fmt.Errorf("qemu: no %s given", f.what))
@@ -172,6 +169,14 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		}
 		extra = append(extra, of)
 	}
+	// The console: QEMU writes a pipe that the supervisor copies into
+	// console.log, bounded (console.go).
+	con, err := openConsole(consolePath, d.o.ConsoleMaxBytes)
+	if err != nil {
+		return fail(err)
+	}
+	opened = append(opened, con.w) // QEMU holds its own copy once started
+	extra = append(extra, con.w)
 	const kernelFD, initrdFD, diskFD, consoleFD = 4, 5, 6, 7
 	const diskSet, consoleSet = 1, 2
 	vm := VMConfig{
@@ -213,7 +218,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		extra = append(extra, sh.Dir)
 		mounts = append(mounts, &api.Mount{Tag: tag, Destination: []byte(sh.Destination), ReadOnly: sh.ReadOnly})
 	}
-	logf, err := os.OpenFile(filepath.Join(cfg.StateDir, vmmLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	logf, err := state.OpenFile(filepath.Join(cfg.StateDir, vmmLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
 		return fail(fmt.Errorf("create VMM log: %w", err))
 	}
@@ -258,18 +263,6 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	}
 	log.Info("agent ready", "ms", time.Since(t0).Milliseconds())
 	return s, nil
-}
-
-func createOwned(path string, uid, gid uint32) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", path, err)
-	}
-	defer f.Close()
-	if err := f.Chown(int(uid), int(gid)); err != nil {
-		return fmt.Errorf("chown %s: %w", path, err)
-	}
-	return nil
 }
 
 // waitReady sets the guest up as soon as its agent serves, failing when the
@@ -320,8 +313,7 @@ func (s *sandbox) waitReady(ctx context.Context) error {
 
 // tail returns the end of the VMM's log and console, for errors.
 func (s *sandbox) tail() string {
-	b, _ := os.ReadFile(filepath.Join(s.cfg.StateDir, vmmLog))
-	msg := strings.TrimSpace(lastLines(string(b), 5))
+	msg := strings.TrimSpace(lastLines(tailFile(filepath.Join(s.cfg.StateDir, vmmLog)), 5))
 	if msg == "" {
 		return "guest console: " + s.consoleTail()
 	}
@@ -329,8 +321,7 @@ func (s *sandbox) tail() string {
 }
 
 func (s *sandbox) consoleTail() string {
-	b, _ := os.ReadFile(filepath.Join(s.cfg.StateDir, state.ConsoleLog))
-	t := strings.TrimSpace(lastLines(string(b), 8))
+	t := strings.TrimSpace(lastLines(tailFile(filepath.Join(s.cfg.StateDir, state.ConsoleLog)), 8))
 	if t == "" {
 		return "(empty)"
 	}

@@ -251,8 +251,11 @@ func (e *Env) Scope() residue.Scope {
 		Paths:      []string{RuntimeDir, CacheDir, ScratchDir, DataDir, Root},
 		RuntimeDir: RuntimeDir,
 		Records:    []string{state.StoppedDir},
-		CacheDir:   CacheDir,
-		Programs:   []string{"qemu-system-x86_64", "virtiofsd", e.Launcher},
+		// SMV_RESIDUE_TMP_IGNORE=GLOB[:GLOB...]: names in /tmp that other
+		// programs of a shared development host make (unset in CI).
+		TmpIgnore: filepath.SplitList(os.Getenv("SMV_RESIDUE_TMP_IGNORE")),
+		CacheDir:  CacheDir,
+		Programs:  []string{"qemu-system-x86_64", "virtiofsd", e.Launcher},
 	}
 }
 

@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -61,6 +62,9 @@ type Scope struct {
 	// TmpDirs are the shared temporary directories watched for new
 	// entries (default /tmp and /var/tmp).
 	TmpDirs []string
+	// TmpIgnore are glob patterns (path.Match) of names in TmpDirs that
+	// other programs on a shared host make while a test runs; none in CI.
+	TmpIgnore []string
 }
 
 // Snapshot is the host as it was before a test.
@@ -196,7 +200,7 @@ func (s *Snapshot) Left() []string {
 	for _, d := range s.scope.TmpDirs {
 		for _, n := range names(d) {
 			p := filepath.Join(d, n)
-			if !s.tmp[p] && !strings.HasPrefix(n, "Test") && !strings.HasPrefix(n, "go-build") {
+			if !s.tmp[p] && !strings.HasPrefix(n, "Test") && !strings.HasPrefix(n, "go-build") && !s.ignored(n) {
 				out = append(out, "temporary file "+p+owner(p))
 			}
 		}
@@ -332,4 +336,14 @@ func owner(p string) string {
 		return fmt.Sprintf(" (uid %d)", st.Uid)
 	}
 	return ""
+}
+
+// ignored tells whether name matches one of the scope's TmpIgnore globs.
+func (s *Snapshot) ignored(name string) bool {
+	for _, g := range s.scope.TmpIgnore {
+		if ok, _ := path.Match(g, name); ok {
+			return true
+		}
+	}
+	return false
 }
