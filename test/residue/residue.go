@@ -200,7 +200,7 @@ func (s *Snapshot) Left() []string {
 	for _, d := range s.scope.TmpDirs {
 		for _, n := range names(d) {
 			p := filepath.Join(d, n)
-			if !s.tmp[p] && !strings.HasPrefix(n, "Test") && !strings.HasPrefix(n, "go-build") && !s.ignored(n) {
+			if !s.tmp[p] && !compilerTemp(n) && !s.ignored(n) {
 				out = append(out, "temporary file "+p+owner(p))
 			}
 		}
@@ -342,6 +342,19 @@ func owner(p string) string {
 func (s *Snapshot) ignored(name string) bool {
 	for _, g := range s.scope.TmpIgnore {
 		if ok, _ := path.Match(g, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// compilerTemp tells whether name is a temporary file of the Go toolchain
+// or gcc (tests build helpers while they run), or a test's own Test*
+// directory: never made by a step.
+func compilerTemp(name string) bool {
+	for _, p := range []string{"Test", "go-build", "go-link-", "cc"} {
+		// gcc: "cc" + 6 random characters + a suffix (ccXpTaVD.res).
+		if strings.HasPrefix(name, p) && (p != "cc" || len(name) > 9 && name[8] == '.') {
 			return true
 		}
 	}

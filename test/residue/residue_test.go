@@ -106,3 +106,14 @@ func TestLeft(t *testing.T) {
 	}
 	before.WaitClean(t, 5*time.Second)
 }
+
+func TestCompilerTemp(t *testing.T) {
+	for name, want := range map[string]bool{
+		"go-build123": true, "go-link-4258721366": true, "ccXpTaVD.cdtor.c": true, "cc6pmdwj.cdtor.o": true,
+		"TestFoo123": true, "slurm-microvm-mpi-1": false, "cache.log": false, "ccache": false,
+	} {
+		if got := compilerTemp(name); got != want {
+			t.Errorf("compilerTemp(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
