@@ -165,8 +165,20 @@
 // conversion of the same digest under its lock, and by CleanAbandoned,
 // which `stop` and `gc` run: it removes every work directory whose digest
 // lock it can take (a live conversion holds its lock; a killed one's lock
-// died with its process). Lock files are never removed: unlinking a lock
-// file lets two processes both "hold" it.
+// died with its process).
+//
+// Lock files go with their disk: a conversion that makes no disk (refused
+// for a limit, failed, cancelled) and `image rm` unlink <hex>.lock, and
+// CleanAbandoned unlinks those no process holds whose digest has no disk.
+// Otherwise every digest a user ever tries leaves a root-owned inode that
+// no quota counts. Unlinking is race-free because only the holder unlinks,
+// and every locker, after flock(2) succeeds, compares fstat of its fd with
+// lstat of the path and starts again when they differ or the path is gone:
+// a process that opened the file before the unlink then never holds the
+// old inode's lock alongside one that created the new file. The
+// alternative, keeping lock files forever (as before), is simpler but
+// unbounded; one lock file per user directory would serialize all of a
+// user's conversions.
 //
 // Registry pulls are anonymous: the launcher is root and a keychain would
 // lend root's credentials to anyone naming a private image. Private images
