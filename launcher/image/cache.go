@@ -384,7 +384,9 @@ func syncPath(p string) error {
 }
 
 // List returns the images in the cache of uid, or of every user when all
-// is set, sorted by uid then creation time.
+// is set, sorted by uid then creation time. A missing cache is empty; one
+// the caller may not read is an error (fs.ErrPermission for a non-root
+// caller on the node's cache).
 func List(cacheRoot string, uid uint32, all bool) ([]Entry, error) {
 	if cacheRoot == "" {
 		cacheRoot = DefaultCacheRoot
@@ -409,9 +411,18 @@ func List(cacheRoot string, uid uint32, all bool) ([]Entry, error) {
 	var out []Entry
 	for _, u := range uids {
 		dir := filepath.Join(cacheRoot, strconv.FormatUint(uint64(u), 10))
-		disks, _ := filepath.Glob(filepath.Join(dir, "*"+diskSuffix))
-		for _, d := range disks {
-			h := strings.TrimSuffix(filepath.Base(d), diskSuffix)
+		des, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list image cache: %w", err)
+		}
+		for _, de := range des {
+			h, ok := strings.CutSuffix(de.Name(), diskSuffix)
+			if !ok {
+				continue
+			}
 			m, disk, ok := lookup(dir, h)
 			if !ok {
 				continue

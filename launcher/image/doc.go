@@ -180,6 +180,20 @@
 // unbounded; one lock file per user directory would serialize all of a
 // user's conversions.
 //
+// Users and the node's cache: CacheRoot/<uid> stays root's 0700, so a
+// user cannot list, read or remove their own images there. A non-root
+// `image ls`/`image rm` act on the user's personal cache
+// (~/.cache/slurm-microvm, what their own non-root `prepare` fills) and
+// name the node cache directory and the commands an administrator runs
+// (`sudo slurm-microvm image ls|rm --uid UID`); the quota error
+// (ErrLimit on user_cache_mib) says the same. Alternatives: an ACL giving
+// the uid r-x on its directory (as launcher/state grants --x) would let
+// it list, but also open its 0444 disks and hold a removed disk's space
+// past `image rm` while uncounted, and needs ACLs on cache_dir; a
+// setuid or daemon-backed `image rm` is more privileged code for a rare
+// need. An administrator (or the 'gc' policy of the site) is the one who
+// frees the node cache.
+//
 // Registry pulls are anonymous: the launcher is root and a keychain would
 // lend root's credentials to anyone naming a private image. Private images
 // are used by saving them to a file. Options.Insecure permits plain http

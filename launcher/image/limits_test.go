@@ -189,6 +189,9 @@ func TestPrepareLimits(t *testing.T) {
 			if !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), tc.key) {
 				t.Fatalf("Prepare = %v; want ErrLimit naming %s", err, tc.key)
 			}
+			if tc.key == KeyUserCache && !strings.Contains(err.Error(), fmt.Sprintf("sudo slurm-microvm image rm --uid %d", o.UID)) {
+				t.Errorf("quota error %q: want the command an administrator runs to free the cache", err)
+			}
 			if locks := lockFiles(t, o.CacheRoot, o.UID); len(locks) != 0 {
 				t.Errorf("a refused conversion left lock files %q", locks)
 			}
