@@ -191,8 +191,7 @@
 // it list, but also open its 0444 disks and hold a removed disk's space
 // past `image rm` while uncounted, and needs ACLs on cache_dir; a
 // setuid or daemon-backed `image rm` is more privileged code for a rare
-// need. An administrator (or the 'gc' policy of the site) is the one who
-// frees the node cache.
+// need. An administrator frees the node cache.
 //
 // Registry pulls are anonymous: the launcher is root and a keychain would
 // lend root's credentials to anyone naming a private image. Private images
