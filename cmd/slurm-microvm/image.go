@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,7 +15,6 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 )
 
@@ -94,9 +95,26 @@ func imageCommand() *cli.Command {
 					if c.IsSet("uid") {
 						uid = uint32(c.Uint64("uid"))
 					}
-					entries, err := image.List(imageCacheRoot(c), uid, all)
+					root, node, err := imageCacheRoot(c)
+					if err != nil {
+						return err
+					}
+					entries, err := image.List(root, uid, all)
 					if err != nil {
 						return cli.Exit(err.Error(), 1)
+					}
+					if node != "" {
+						// A non-root caller: their jobs' images are in the
+						// node's cache, root's alone (launcher/image doc).
+						more, err := image.List(node, uid, false)
+						switch {
+						case errors.Is(err, fs.ErrPermission):
+							fmt.Fprintf(c.App.ErrWriter, "image ls: listed %s only; %s\n", root, nodeCacheAdvice(node, uid, "DIGEST"))
+						case err != nil:
+							return cli.Exit(err.Error(), 1)
+						default:
+							entries = append(entries, more...)
+						}
 					}
 					if c.Bool("json") {
 						return json.NewEncoder(c.App.Writer).Encode(entries)
@@ -122,10 +140,17 @@ func imageCommand() *cli.Command {
 					if c.IsSet("uid") {
 						uid = uint32(c.Uint64("uid"))
 					}
+					root, node, err := imageCacheRoot(c)
+					if err != nil {
+						return err
+					}
 					for _, what := range c.Args().Slice() {
-						removed, err := image.Remove(c.Context, imageCacheRoot(c), uid, what)
+						removed, err := image.Remove(c.Context, root, uid, what)
 						for _, e := range removed {
 							fmt.Fprintf(c.App.Writer, "removed %s %s\n", e.Digest, e.Ref)
+						}
+						if err != nil && node != "" && errors.Is(err, image.ErrNotFound) {
+							return cli.Exit(fmt.Sprintf("%v; %s", err, nodeCacheAdvice(node, uid, what)), 1)
 						}
 						if err != nil {
 							return cli.Exit(err.Error(), 1)
@@ -156,6 +181,10 @@ func imageCommand() *cli.Command {
 // imageOptions builds image.Options from the flags of prepare/check; the
 // credentials default to the caller's own.
 func imageOptions(c *cli.Context) (image.Options, error) {
+	root, _, err := imageCacheRoot(c)
+	if err != nil {
+		return image.Options{}, err
+	}
 	level := slog.LevelWarn
 	if c.Bool("debug") {
 		level = slog.LevelDebug
@@ -163,7 +192,7 @@ func imageOptions(c *cli.Context) (image.Options, error) {
 	o := image.Options{
 		UID:         uint32(os.Getuid()),
 		GID:         uint32(os.Getgid()),
-		CacheRoot:   imageCacheRoot(c),
+		CacheRoot:   root,
 		Insecure:    c.Bool("insecure"),
 		Compression: c.String("compression"),
 		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
@@ -220,16 +249,32 @@ func imageHumanBytes(n int64) string {
 
 // imageCacheRoot is --cache-root, or the image cache of the node's config
 // (<cache_dir>/images, where jobs keep their images), personalized for a
-// non-root caller as `run` does.
-func imageCacheRoot(c *cli.Context) string {
+// non-root caller as `run` does. node is the node's cache when that differs
+// from root (a non-root caller without --cache-root), else "". A config
+// that cannot be read or parsed is an error naming it; a missing one means
+// the defaults, as for every user-side command (loadConfig).
+func imageCacheRoot(c *cli.Context) (root, node string, err error) {
 	if v := c.String("cache-root"); v != "" {
-		return v
+		return v, "", nil
 	}
-	cfg, err := config.Load(c.String("config"), true)
+	cfg, err := loadConfig(c, true)
 	if err != nil {
-		d := config.Defaults()
-		cfg = &d
+		return "", "", err
 	}
+	nodeRoot := filepath.Join(cfg.CacheDir, "images")
 	personalize(cfg)
-	return filepath.Join(cfg.CacheDir, "images")
+	root = filepath.Join(cfg.CacheDir, "images")
+	if root != nodeRoot {
+		node = nodeRoot
+	}
+	return root, node, nil
+}
+
+// nodeCacheAdvice tells a non-root caller how to list or remove their
+// images in the node's cache, which only root can read or change (see
+// launcher/image, "Cache").
+func nodeCacheAdvice(node string, uid uint32, what string) string {
+	return fmt.Sprintf("the images your jobs converted are in the node image cache %s/%d, which only root can read or change: "+
+		"a node administrator lists them with `sudo slurm-microvm image ls --uid %d` and removes one with `sudo slurm-microvm image rm --uid %d %s`",
+		node, uid, uid, uid, what)
 }

@@ -29,7 +29,7 @@ const DefaultCacheRoot = "/var/cache/slurm-microvm"
 //	CACHE/<uid>/                 0700   one user's images; nobody else's job can use them
 //	CACHE/<uid>/<hex>.erofs      0444   the disk (the commit point: present = complete)
 //	CACHE/<uid>/<hex>.json       0444   cacheMeta
-//	CACHE/<uid>/<hex>.lock       0600   flock(2) held while converting or removing
+//	CACHE/<uid>/<hex>.lock       0600   flock(2) held while converting or removing; unlinked with the disk
 //	CACHE/<uid>/tmp-<hex>-<rand>/0700   work directory of one conversion
 //
 // The disk is readable by root only: the launcher opens it (QEMU opens its
@@ -121,30 +121,105 @@ func lookup(dir, h string) (*cacheMeta, string, bool) {
 	return &m, disk, true
 }
 
+// digestLock is a held per-digest lock: an open, flock(2)ed <hex>.lock.
+type digestLock struct {
+	f    *os.File
+	path string
+}
+
+// unlock releases the lock and keeps the lock file.
+func (l *digestLock) unlock() { l.f.Close() }
+
+// remove unlinks the lock file, then releases the lock. Only the holder
+// unlinks, and every locker checks after flock that the path still names
+// the inode it locked (lockFile), so a process that opened the file before
+// the unlink cannot "hold" it alongside one that creates a new file.
+func (l *digestLock) remove() error {
+	err := ignoreNotExist(os.Remove(l.path))
+	l.f.Close()
+	if err != nil {
+		return fmt.Errorf("remove lock %s: %w", l.path, err)
+	}
+	return nil
+}
+
+// lockFile opens (creating it) and flocks the lock file p. It waits,
+// polling so ctx can cancel, when wait is set; otherwise held reports that
+// another open of it holds the lock. After taking the flock it compares
+// the locked inode with the one p names now: when p was unlinked (or
+// replaced) in between, it closes and starts again on the new file.
+func lockFile(ctx context.Context, p string, wait bool) (l *digestLock, held bool, err error) {
+	for {
+		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, false, fmt.Errorf("open lock %s: %w", p, err)
+		}
+		for {
+			err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+			if err == nil {
+				break
+			}
+			if err == unix.EINTR {
+				continue
+			}
+			if err != unix.EWOULDBLOCK {
+				f.Close()
+				return nil, false, fmt.Errorf("lock %s: %w", p, err)
+			}
+			if !wait {
+				f.Close()
+				return nil, true, nil
+			}
+			select {
+			case <-ctx.Done():
+				f.Close()
+				return nil, false, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		same, err := sameFile(f, p)
+		if err != nil {
+			f.Close()
+			return nil, false, err
+		}
+		if same {
+			return &digestLock{f: f, path: p}, false, nil
+		}
+		f.Close() // the holder before us unlinked it: lock the new one
+	}
+}
+
+// sameFile reports whether path p still names the inode open as f.
+func sameFile(f *os.File, p string) (bool, error) {
+	var fst, pst unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &fst); err != nil {
+		return false, fmt.Errorf("stat lock %s: %w", p, err)
+	}
+	if err := unix.Lstat(p, &pst); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("stat lock %s: %w", p, err)
+	}
+	return fst.Dev == pst.Dev && fst.Ino == pst.Ino, nil
+}
+
 // lockDigest takes the per-digest lock, waiting (polling, so ctx can
 // cancel) while another process converts or removes the same image.
-func lockDigest(ctx context.Context, dir, h string) (func(), error) {
-	p := filepath.Join(dir, h+lockSuffix)
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", p, err)
+func lockDigest(ctx context.Context, dir, h string) (*digestLock, error) {
+	l, _, err := lockFile(ctx, filepath.Join(dir, h+lockSuffix), true)
+	return l, err
+}
+
+// unlockDigest releases l, removing the lock file when the digest has no
+// disk (a conversion that failed, an image removed): every digest a user
+// tries would otherwise leave an inode that no quota counts.
+func unlockDigest(l *digestLock, dir, h string) error {
+	if _, err := os.Lstat(filepath.Join(dir, h+diskSuffix)); errors.Is(err, fs.ErrNotExist) {
+		return l.remove()
 	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if err != unix.EWOULDBLOCK && err != unix.EINTR {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", p, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	l.unlock()
+	return nil
 }
 
 // newWorkDir creates a fresh work directory for converting h, after
@@ -168,8 +243,10 @@ func newWorkDir(dir, h string) (string, error) {
 // without cleaning up (a launcher killed mid-conversion, by `stop` or the
 // OOM killer) in every user's cache under cacheRoot: those whose digest
 // lock no process holds. A conversion in progress holds its lock, so its
-// directory is kept; one that starts meanwhile waits for the lock. It
-// returns the directories removed. A missing cacheRoot is not an error.
+// directory is kept; one that starts meanwhile waits for the lock. It also
+// removes lock files that no process holds and whose digest has no disk
+// (left by a launcher killed while converting). It returns the work
+// directories and lock files removed. A missing cacheRoot is not an error.
 // `stop` and `gc` run it: without it a killed conversion's files stay until
 // the same user converts the same image again.
 func CleanAbandoned(ctx context.Context, cacheRoot string) ([]string, error) {
@@ -203,26 +280,45 @@ func CleanAbandoned(ctx context.Context, cacheRoot string) ([]string, error) {
 				byDigest[h] = append(byDigest[h], w)
 			}
 		}
-		for h, ws := range byDigest {
+		locks, _ := filepath.Glob(filepath.Join(dir, "*"+lockSuffix))
+		for _, l := range locks {
+			h := strings.TrimSuffix(filepath.Base(l), lockSuffix)
+			if _, err := digestHex("sha256:" + h); err == nil {
+				if _, ok := byDigest[h]; !ok {
+					byDigest[h] = nil
+				}
+			}
+		}
+		hs := make([]string, 0, len(byDigest))
+		for h := range byDigest {
+			hs = append(hs, h)
+		}
+		sort.Strings(hs)
+		for _, h := range hs {
 			if err := ctx.Err(); err != nil {
 				return removed, err
 			}
-			unlock, held, err := tryLockDigest(dir, h)
+			lk, held, err := tryLockDigest(dir, h)
 			if err != nil {
 				errs = append(errs, err)
 				continue
 			}
 			if held {
-				continue // a conversion in progress
+				continue // a conversion (or removal) in progress
 			}
-			for _, w := range ws {
+			for _, w := range byDigest[h] {
 				if err := os.RemoveAll(w); err != nil {
 					errs = append(errs, fmt.Errorf("remove abandoned work directory: %w", err))
 					continue
 				}
 				removed = append(removed, w)
 			}
-			unlock()
+			_, derr := os.Lstat(filepath.Join(dir, h+diskSuffix))
+			if err := unlockDigest(lk, dir, h); err != nil {
+				errs = append(errs, err)
+			} else if errors.Is(derr, fs.ErrNotExist) {
+				removed = append(removed, lk.path)
+			}
 		}
 	}
 	return removed, errors.Join(errs...)
@@ -230,26 +326,8 @@ func CleanAbandoned(ctx context.Context, cacheRoot string) ([]string, error) {
 
 // tryLockDigest takes the digest's lock without waiting; held is true
 // when another process (or another open of it in this one) holds it.
-func tryLockDigest(dir, h string) (unlock func(), held bool, err error) {
-	p := filepath.Join(dir, h+lockSuffix)
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, false, fmt.Errorf("open lock %s: %w", p, err)
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		switch err {
-		case nil:
-			return func() { f.Close() }, false, nil
-		case unix.EINTR:
-			continue
-		case unix.EWOULDBLOCK:
-			f.Close()
-			return nil, true, nil
-		}
-		f.Close()
-		return nil, false, fmt.Errorf("lock %s: %w", p, err)
-	}
+func tryLockDigest(dir, h string) (l *digestLock, held bool, err error) {
+	return lockFile(context.Background(), filepath.Join(dir, h+lockSuffix), false)
 }
 
 // commit moves a finished disk and its metadata into the cache: the JSON
@@ -306,7 +384,9 @@ func syncPath(p string) error {
 }
 
 // List returns the images in the cache of uid, or of every user when all
-// is set, sorted by uid then creation time.
+// is set, sorted by uid then creation time. A missing cache is empty; one
+// the caller may not read is an error (fs.ErrPermission for a non-root
+// caller on the node's cache).
 func List(cacheRoot string, uid uint32, all bool) ([]Entry, error) {
 	if cacheRoot == "" {
 		cacheRoot = DefaultCacheRoot
@@ -331,9 +411,18 @@ func List(cacheRoot string, uid uint32, all bool) ([]Entry, error) {
 	var out []Entry
 	for _, u := range uids {
 		dir := filepath.Join(cacheRoot, strconv.FormatUint(uint64(u), 10))
-		disks, _ := filepath.Glob(filepath.Join(dir, "*"+diskSuffix))
-		for _, d := range disks {
-			h := strings.TrimSuffix(filepath.Base(d), diskSuffix)
+		des, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list image cache: %w", err)
+		}
+		for _, de := range des {
+			h, ok := strings.CutSuffix(de.Name(), diskSuffix)
+			if !ok {
+				continue
+			}
 			m, disk, ok := lookup(dir, h)
 			if !ok {
 				continue
@@ -372,7 +461,7 @@ func Remove(ctx context.Context, cacheRoot string, uid uint32, what string) ([]E
 			continue
 		}
 		dir := filepath.Dir(e.Disk)
-		unlock, err := lockDigest(ctx, dir, h)
+		lk, err := lockDigest(ctx, dir, h)
 		if err != nil {
 			return removed, err
 		}
@@ -380,9 +469,7 @@ func Remove(ctx context.Context, cacheRoot string, uid uint32, what string) ([]E
 			ignoreNotExist(os.Remove(filepath.Join(dir, h+diskSuffix))),
 			ignoreNotExist(os.Remove(filepath.Join(dir, h+metaSuffix))),
 		)
-		// The lock file stays: removing it would let a process that opened
-		// it before and one that creates a new one both "hold" the lock.
-		unlock()
+		err = errors.Join(err, unlockDigest(lk, dir, h))
 		if err != nil {
 			return removed, fmt.Errorf("remove image %s: %w", e.Digest, err)
 		}

@@ -165,8 +165,33 @@
 // conversion of the same digest under its lock, and by CleanAbandoned,
 // which `stop` and `gc` run: it removes every work directory whose digest
 // lock it can take (a live conversion holds its lock; a killed one's lock
-// died with its process). Lock files are never removed: unlinking a lock
-// file lets two processes both "hold" it.
+// died with its process).
+//
+// Lock files go with their disk: a conversion that makes no disk (refused
+// for a limit, failed, cancelled) and `image rm` unlink <hex>.lock, and
+// CleanAbandoned unlinks those no process holds whose digest has no disk.
+// Otherwise every digest a user ever tries leaves a root-owned inode that
+// no quota counts. Unlinking is race-free because only the holder unlinks,
+// and every locker, after flock(2) succeeds, compares fstat of its fd with
+// lstat of the path and starts again when they differ or the path is gone:
+// a process that opened the file before the unlink then never holds the
+// old inode's lock alongside one that created the new file. The
+// alternative, keeping lock files forever (as before), is simpler but
+// unbounded; one lock file per user directory would serialize all of a
+// user's conversions.
+//
+// Users and the node's cache: CacheRoot/<uid> stays root's 0700, so a
+// user cannot list, read or remove their own images there. A non-root
+// `image ls`/`image rm` act on the user's personal cache
+// (~/.cache/slurm-microvm, what their own non-root `prepare` fills) and
+// name the node cache directory and the commands an administrator runs
+// (`sudo slurm-microvm image ls|rm --uid UID`); the quota error
+// (ErrLimit on user_cache_mib) says the same. Alternatives: an ACL giving
+// the uid r-x on its directory (as launcher/state grants --x) would let
+// it list, but also open its 0444 disks and hold a removed disk's space
+// past `image rm` while uncounted, and needs ACLs on cache_dir; a
+// setuid or daemon-backed `image rm` is more privileged code for a rare
+// need. An administrator frees the node cache.
 //
 // Registry pulls are anonymous: the launcher is root and a keychain would
 // lend root's credentials to anyone naming a private image. Private images

@@ -664,6 +664,9 @@ func TestListRemove(t *testing.T) {
 	if entries, _ := List(o.CacheRoot, o.UID, true); len(entries) != 0 {
 		t.Errorf("after Remove: %+v", entries)
 	}
+	if locks := lockFiles(t, o.CacheRoot, o.UID); len(locks) != 0 {
+		t.Errorf("after Remove: lock files %q left", locks)
+	}
 	again, err := Prepare(ctx, fx.docker, o)
 	if err != nil || again.Cached {
 		t.Errorf("Prepare after Remove = %+v, %v; want a fresh conversion", again, err)

@@ -128,7 +128,8 @@ func (b budget) layerBound(n, of int) *bound {
 func (b budget) quotaErr() error {
 	used := b.lim.UserCacheBytes - b.space
 	return newErr("", ErrLimit, fmt.Sprintf("the image does not fit in the image cache of uid %d (%s, of which %s are used)", b.uid, mib(b.lim.UserCacheBytes), mib(used)),
-		"remove cached images with `slurm-microvm image rm`, or a node administrator raises "+KeyUserCache+" in microvm.toml", nil)
+		fmt.Sprintf("the node's image cache is root's alone: ask a node administrator to remove images you no longer need "+
+			"(`sudo slurm-microvm image ls --uid %d` lists them, `sudo slurm-microvm image rm --uid %d DIGEST` removes one) or to raise %s in microvm.toml", b.uid, b.uid, KeyUserCache), nil)
 }
 
 // newBudget measures the user's cache directory: the disks and metadata

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -188,6 +189,12 @@ func TestPrepareLimits(t *testing.T) {
 			if !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), tc.key) {
 				t.Fatalf("Prepare = %v; want ErrLimit naming %s", err, tc.key)
 			}
+			if tc.key == KeyUserCache && !strings.Contains(err.Error(), fmt.Sprintf("sudo slurm-microvm image rm --uid %d", o.UID)) {
+				t.Errorf("quota error %q: want the command an administrator runs to free the cache", err)
+			}
+			if locks := lockFiles(t, o.CacheRoot, o.UID); len(locks) != 0 {
+				t.Errorf("a refused conversion left lock files %q", locks)
+			}
 			if limit := tc.limits.withDefaults().ImageBytes; peak > limit+8*MiB {
 				t.Errorf("the cache grew to %d MiB during the conversion, past the %d MiB limit", peak>>20, limit>>20)
 			}
@@ -260,7 +267,9 @@ func TestExtractCancelHugeEntry(t *testing.T) {
 
 // TestCleanAbandoned: a work directory whose digest lock nobody holds (its
 // conversion was killed) is removed; one whose lock another process holds
-// (a conversion in progress) is kept; nothing else in the cache is touched.
+// (a conversion in progress) is kept; a lock file nobody holds and with no
+// disk is removed, a held one or one next to a disk is kept; nothing else
+// in the cache is touched.
 func TestCleanAbandoned(t *testing.T) {
 	needRoot(t)
 	needTools(t, "flock")
@@ -281,6 +290,9 @@ func TestCleanAbandoned(t *testing.T) {
 	disk := filepath.Join(dir, h1+diskSuffix)
 	os.WriteFile(disk, []byte("disk"), 0o444)
 	os.WriteFile(filepath.Join(dir, h1+lockSuffix), nil, 0o600) // a lock file nobody holds
+	h3 := strings.Repeat("d", 64)
+	orphan := filepath.Join(dir, h3+lockSuffix)
+	os.WriteFile(orphan, nil, 0o600) // nobody holds it, and no disk: an orphan
 
 	holder := exec.Command("flock", filepath.Join(dir, h2+lockSuffix), "sleep", "60")
 	if err := holder.Start(); err != nil {
@@ -294,14 +306,14 @@ func TestCleanAbandoned(t *testing.T) {
 		holder.Wait()
 	})
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		unlock, held, err := tryLockDigest(dir, h2)
+		lk, held, err := tryLockDigest(dir, h2)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if held {
 			break
 		}
-		unlock()
+		lk.unlock()
 		if time.Now().After(deadline) {
 			t.Fatal("flock did not take the lock")
 		}
@@ -312,8 +324,16 @@ func TestCleanAbandoned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(removed) != 1 || removed[0] != abandoned {
-		t.Errorf("removed %q; want only %s", removed, abandoned)
+	if len(removed) != 2 || removed[0] != abandoned || removed[1] != orphan {
+		t.Errorf("removed %q; want only %s and %s", removed, abandoned, orphan)
+	}
+	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
+		t.Errorf("orphan lock file: %v; want removed", err)
+	}
+	for _, keep := range []string{h1 + lockSuffix, h2 + lockSuffix} {
+		if _, err := os.Stat(filepath.Join(dir, keep)); err != nil {
+			t.Errorf("lock file %s: %v; want kept", keep, err)
+		}
 	}
 	if _, err := os.Stat(abandoned); !os.IsNotExist(err) {
 		t.Errorf("abandoned work directory: %v; want removed", err)
@@ -337,4 +357,14 @@ func TestDefaultLimitsMatchConfig(t *testing.T) {
 	if got != DefaultLimits() {
 		t.Errorf("config defaults %+v, image defaults %+v", got, DefaultLimits())
 	}
+}
+
+// lockFiles returns the lock files in the cache of uid under root.
+func lockFiles(t *testing.T, root string, uid uint32) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(root, strconv.FormatUint(uint64(uid), 10), "*"+lockSuffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -186,11 +186,17 @@ func prepareCached(ctx context.Context, ref string, kind Kind, digest string, o 
 	if img, ok := hit(); ok {
 		return img, nil
 	}
-	unlock, err := lockDigest(ctx, dir, h)
+	lk, err := lockDigest(ctx, dir, h)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	// Runs after the work directory is removed: a conversion that made no
+	// disk takes its lock file with it.
+	defer func() {
+		if err := unlockDigest(lk, dir, h); err != nil {
+			o.Logger.Warn("image cache", "err", err)
+		}
+	}()
 	if img, ok := hit(); ok {
 		return img, nil
 	}
