@@ -57,6 +57,17 @@
 // Site mounts are the admin's and are not limited to the allowed trees, but
 // are opened as the user too.
 //
+// Files the agent writes are refused destinations. The agent writes the
+// step's host name into /etc/hosts after the shares are mounted (a share
+// mounted later would hide the write), so /etc/hosts and anything above it
+// (/etc) are refused at Plan, that is at `validate` before queueing and in
+// `mounts`, naming the file; /etc/myapp is fine. Alternative: write
+// /etc/hosts before mounting the shares, or skip the write into a share:
+// the step would then resolve its own host name from whatever the user's
+// tree holds (MPI start-up needs it), and a read-only share would still
+// fail a later write; a share over all of /etc also hides the image's
+// passwd and ld.so.cache, which is rarely what a user means.
+//
 // Hiding. Mounts apply parent-first (by depth, then by path). Two entries
 // with one destination collapse when identical and are an error otherwise.
 // A user mount at or below a site mount's destination is an error: it would

@@ -89,11 +89,14 @@ func validateCommand() *cli.Command {
 			}
 			// The user's mounts against the policy, as the submitting
 			// user: not allowed, unreadable or refused fails before
-			// queueing. Site mounts and scratch are the node's business,
+			// queueing, and so does a clash with the step's scratch
+			// destination. Site mount sources are the node's business,
 			// and a source missing here may exist on the compute nodes.
+			// Scratch stays planned: Resolve creates no scratch directory
+			// without a step name.
 			if u, err := fs.LookupUser(uid, gid, groups); err == nil {
 				p := cfg.Mounts
-				p.Site, p.ScratchBase = nil, ""
+				p.Site = nil
 				t, err := p.Resolve(c.Context, fs.Request{User: u, Mounts: mounts, Origin: origin})
 				if err != nil && !errors.Is(err, fs.ErrNotFound) {
 					return cli.Exit(err.Error(), 2)
