@@ -427,14 +427,22 @@ func runCommand() *cli.Command {
 				return err
 			}
 			personalize(cfg)
+			cleanup := func() {} // before os.Exit: what Run leaves of the private run directory
 			if os.Geteuid() != 0 {
 				rt, err := privateRuntimeDir()
 				if err != nil {
 					return cli.Exit("run: "+err.Error(), 1)
 				}
-				// Run removes it once empty.
+				// Run removes it once empty. The step's scratch lives
+				// in it too, not in the node's root-owned scratch base
+				// (fs.CheckScratchBase: a non-root launcher's own base).
 				cfg.RuntimeDir = rt
+				if cfg.Mounts.ScratchBase != "" {
+					cfg.Mounts.ScratchBase = filepath.Join(rt, "scratch")
+				}
+				cleanup = func() { _ = os.Remove(cfg.Mounts.ScratchBase); _ = os.Remove(rt) }
 			}
+			defer cleanup()
 			uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
 			name := ""
 			if u, err := user.Current(); err == nil {
@@ -462,6 +470,7 @@ func runCommand() *cli.Command {
 			ctx, stop := signal.NotifyContext(c.Context, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 			defer stop()
 			st, err := l.Run(ctx, s, c.Args().Slice(), os.Environ(), launcher.Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr})
+			cleanup()
 			if err != nil {
 				os.Exit(reportTaskError(c.Args().First(), err))
 			}
