@@ -201,7 +201,10 @@
 // twice), mode 0700, owned by the user, mounted rw at scratch_destination,
 // removed at stop (os.RemoveAll never follows symlinks) unless keep_scratch.
 // The base must be root-owned and writable by root only: in a base users
-// can write, one could plant a symlink under another step's name.
+// can write, one could plant a symlink under another step's name. A
+// launcher not run as root (a user's `slurm-microvm run`) makes scratch only
+// for itself, in a base of its own below its private 0700 run directory;
+// the node's root-owned base is not the user's to write.
 //
 // Left open: single-file mounts (a 9p share is a directory; sharing the
 // parent would expose its siblings), and KVM measurements.

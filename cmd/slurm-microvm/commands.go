@@ -494,7 +494,8 @@ func privateRuntimeDir() (string, error) {
 }
 
 // personalize points the caches of a non-root caller at places the user
-// owns (a non-root `run` also gets its own state root: privateRuntimeDir).
+// owns (a non-root `run` also gets its own state root, privateRuntimeDir,
+// which holds its scratch too).
 func personalize(cfg *config.Config) {
 	if os.Geteuid() == 0 {
 		return
