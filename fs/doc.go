@@ -57,6 +57,17 @@
 // Site mounts are the admin's and are not limited to the allowed trees, but
 // are opened as the user too.
 //
+// Files the agent writes are refused destinations. The agent writes the
+// step's host name into /etc/hosts after the shares are mounted (a share
+// mounted later would hide the write), so /etc/hosts and anything above it
+// (/etc) are refused at Plan, that is at `validate` before queueing and in
+// `mounts`, naming the file; /etc/myapp is fine. Alternative: write
+// /etc/hosts before mounting the shares, or skip the write into a share:
+// the step would then resolve its own host name from whatever the user's
+// tree holds (MPI start-up needs it), and a read-only share would still
+// fail a later write; a share over all of /etc also hides the image's
+// passwd and ld.so.cache, which is rarely what a user means.
+//
 // Hiding. Mounts apply parent-first (by depth, then by path). Two entries
 // with one destination collapse when identical and are an error otherwise.
 // A user mount at or below a site mount's destination is an error: it would
@@ -190,7 +201,10 @@
 // twice), mode 0700, owned by the user, mounted rw at scratch_destination,
 // removed at stop (os.RemoveAll never follows symlinks) unless keep_scratch.
 // The base must be root-owned and writable by root only: in a base users
-// can write, one could plant a symlink under another step's name.
+// can write, one could plant a symlink under another step's name. A
+// launcher not run as root (a user's `slurm-microvm run`) makes scratch only
+// for itself, in a base of its own below its private 0700 run directory;
+// the node's root-owned base is not the user's to write.
 //
 // Left open: single-file mounts (a 9p share is a directory; sharing the
 // parent would expose its siblings), and KVM measurements.

@@ -48,10 +48,16 @@ type Policy struct {
 }
 
 // BuiltinRefusedDestinations can never be mount destinations: the guest's
-// root, the kernel filesystems the agent mounts, and the agent's own
-// directory. "/" is refused only as itself; the others with everything
-// below them.
-var BuiltinRefusedDestinations = append(slices.Clone(GuestReserved), "/run/slurm-microvm")
+// root, the kernel filesystems the agent mounts, the agent's own directory,
+// the host MPI share and /etc/hosts, which the agent writes after the
+// shares are mounted (launcher/agent/guest: the step's host name). "/" is
+// refused only as itself; the others with everything below them, and a
+// mount above one (/etc, /run) is refused as it would hide it.
+var BuiltinRefusedDestinations = append(slices.Clone(GuestReserved), "/run/slurm-microvm", GuestHosts)
+
+// GuestHosts is the guest's hosts file, which the agent writes (the step's
+// host name) after mounting the shares: no share may be it or hide it.
+const GuestHosts = "/etc/hosts"
 
 // GuestReserved are the paths the guest agent itself owns: the root, the
 // kernel filesystems and its own directory. The agent refuses to mount
@@ -268,7 +274,10 @@ func (p Policy) Plan(u User, spec, origin, step string) ([]Entry, error) {
 	byDst := map[string]int{}
 	for _, e := range all {
 		if r := p.refused(e.Destination); r != "" {
-			return nil, e.errorf(ErrRefused, "destination %q is reserved (%s is never a mount destination)", e.Destination, r)
+			if r != e.Destination && underOrAt(r, e.Destination) {
+				return nil, e.errorf(ErrRefused, "destination %q would hide %s, which is never a mount destination%s: mount a directory below %s instead", e.Destination, r, refusedWhy(r), e.Destination)
+			}
+			return nil, e.errorf(ErrRefused, "destination %q is reserved (%s is never a mount destination%s)", e.Destination, r, refusedWhy(r))
 		}
 		if i, ok := byDst[e.Destination]; ok {
 			o := out[i]
@@ -295,6 +304,15 @@ func (p Policy) Plan(u User, spec, origin, step string) ([]Entry, error) {
 		return strings.Compare(a.Destination, b.Destination)
 	})
 	return out, nil
+}
+
+// refusedWhy says why a refused destination is, where that is not plain
+// from its name.
+func refusedWhy(r string) string {
+	if r == GuestHosts {
+		return ": the launcher writes the step's host name into it at start"
+	}
+	return ""
 }
 
 func depth(p string) int { return strings.Count(p, "/") }

@@ -45,8 +45,18 @@ func (p Policy) ScratchDir(step string) (string, error) {
 // plant a symlink for another step's name; under a parent users can write
 // (/var/tmp, sticky or not) a user could create the base first and make
 // every step of the node fail. `config check` and every step start run it.
+//
+// A launcher not running as root (a user's `slurm-microvm run`) can only
+// make scratch for itself, so its base is its own: the base, if it exists,
+// is a real directory owned by the effective uid and writable by nobody
+// else, and its parent is a private directory of that uid (mode 0700 or
+// narrower, not a symlink), such as the run's own state root; nothing
+// above a private directory can be created or swapped in by another user.
 func CheckScratchBase(base string) error {
 	base = filepath.Clean(base)
+	if euid := os.Geteuid(); euid != 0 {
+		return checkOwnScratchBase(base, uint32(euid))
+	}
 	var st unix.Stat_t
 	switch err := unix.Lstat(base, &st); {
 	case err == nil:
@@ -84,6 +94,28 @@ func CheckScratchBase(base string) error {
 			return nil
 		}
 	}
+}
+
+// checkOwnScratchBase is CheckScratchBase for a launcher running as uid
+// (not root).
+func checkOwnScratchBase(base string, uid uint32) error {
+	var st unix.Stat_t
+	switch err := unix.Lstat(base, &st); {
+	case err == nil:
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != uid || st.Mode&0o022 != 0 {
+			return fmt.Errorf("scratch base %s (uid %d, mode %#o): a launcher run as uid %d needs a directory of its own there, writable only by it", base, st.Uid, st.Mode&0o7777, uid)
+		}
+	case !errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("scratch base %s: %w", base, err)
+	}
+	parent := filepath.Dir(base)
+	if err := unix.Lstat(parent, &st); err != nil {
+		return fmt.Errorf("scratch base %s: its parent: %w", base, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != uid || st.Mode&0o077 != 0 {
+		return fmt.Errorf("scratch base %s: its parent %s (uid %d, mode %#o) is not a private directory of uid %d: a launcher not run as root keeps scratch only below its own 0700 directory (slurm-microvm run does so itself)", base, parent, st.Uid, st.Mode&0o7777, uid)
+	}
+	return nil
 }
 
 // CreateScratch creates the step's scratch directory (mode 0700, owned by
@@ -124,7 +156,7 @@ func (p Policy) CreateScratch(u User, step string) (string, error) {
 	if err := unix.Fstat(bfd, &st); err != nil {
 		return "", fmt.Errorf("scratch base %s: %w", base, err)
 	}
-	if st.Uid != 0 || st.Mode&0o022 != 0 {
+	if st.Uid != uint32(os.Geteuid()) || st.Mode&0o022 != 0 {
 		return "", fmt.Errorf("scratch base %s is owned by uid %d with mode %#o: it must be owned by root and writable only by root (chown root %s; chmod go-w %s)",
 			base, st.Uid, st.Mode&0o7777, base, base)
 	}

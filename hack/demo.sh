@@ -24,8 +24,11 @@ echo "== image $IMG"
 
 STATE=/run/slurm-microvm-demo
 # The line an admin installs (etc/plugstack.conf), paths as `make install` put them.
+# up.sh's progress, shown only when it fails; a private file, removed on exit.
+UPLOG=$(mktemp)
+trap 'rm -f "$UPLOG"' EXIT
 PLUGSTACK_LINE="$(grep '^required ' etc/plugstack.conf)" \
-	bash test/cluster/up.sh "$STATE" >/tmp/slurm-microvm-demo-up.log
+	bash test/cluster/up.sh "$STATE" >"$UPLOG" || { cat "$UPLOG" >&2; exit 1; }
 # shellcheck disable=SC1091
 . "$STATE/env"
 

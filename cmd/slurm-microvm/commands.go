@@ -89,11 +89,14 @@ func validateCommand() *cli.Command {
 			}
 			// The user's mounts against the policy, as the submitting
 			// user: not allowed, unreadable or refused fails before
-			// queueing. Site mounts and scratch are the node's business,
+			// queueing, and so does a clash with the step's scratch
+			// destination. Site mount sources are the node's business,
 			// and a source missing here may exist on the compute nodes.
+			// Scratch stays planned: Resolve creates no scratch directory
+			// without a step name.
 			if u, err := fs.LookupUser(uid, gid, groups); err == nil {
 				p := cfg.Mounts
-				p.Site, p.ScratchBase = nil, ""
+				p.Site = nil
 				t, err := p.Resolve(c.Context, fs.Request{User: u, Mounts: mounts, Origin: origin})
 				if err != nil && !errors.Is(err, fs.ErrNotFound) {
 					return cli.Exit(err.Error(), 2)
@@ -424,14 +427,22 @@ func runCommand() *cli.Command {
 				return err
 			}
 			personalize(cfg)
+			cleanup := func() {} // before os.Exit: what Run leaves of the private run directory
 			if os.Geteuid() != 0 {
 				rt, err := privateRuntimeDir()
 				if err != nil {
 					return cli.Exit("run: "+err.Error(), 1)
 				}
-				// Run removes it once empty.
+				// Run removes it once empty. The step's scratch lives
+				// in it too, not in the node's root-owned scratch base
+				// (fs.CheckScratchBase: a non-root launcher's own base).
 				cfg.RuntimeDir = rt
+				if cfg.Mounts.ScratchBase != "" {
+					cfg.Mounts.ScratchBase = filepath.Join(rt, "scratch")
+				}
+				cleanup = func() { _ = os.Remove(cfg.Mounts.ScratchBase); _ = os.Remove(rt) }
 			}
+			defer cleanup()
 			uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
 			name := ""
 			if u, err := user.Current(); err == nil {
@@ -459,6 +470,7 @@ func runCommand() *cli.Command {
 			ctx, stop := signal.NotifyContext(c.Context, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 			defer stop()
 			st, err := l.Run(ctx, s, c.Args().Slice(), os.Environ(), launcher.Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr})
+			cleanup()
 			if err != nil {
 				os.Exit(reportTaskError(c.Args().First(), err))
 			}
@@ -482,7 +494,8 @@ func privateRuntimeDir() (string, error) {
 }
 
 // personalize points the caches of a non-root caller at places the user
-// owns (a non-root `run` also gets its own state root: privateRuntimeDir).
+// owns (a non-root `run` also gets its own state root, privateRuntimeDir,
+// which holds its scratch too).
 func personalize(cfg *config.Config) {
 	if os.Geteuid() == 0 {
 		return

@@ -65,9 +65,24 @@ func newApp() *cli.App {
 			mpiCommand(),
 			gpusCommand(),
 			mountsCommand(),
+			versionCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
 	})
+}
+
+// versionCommand prints what --version prints (cli's VersionPrinter: the
+// name and the version the Makefile's ldflags set), for the scripts and
+// documents that call `slurm-microvm version`.
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print the version (as --version does)",
+		Action: func(c *cli.Context) error {
+			cli.VersionPrinter(c)
+			return nil
+		},
+	}
 }
 
 // execEntry runs a task from the argv the plugin left: the original argv[0]

@@ -55,3 +55,44 @@ func TestValidateShareLimit(t *testing.T) {
 		t.Fatalf("validate with %d mounts: %v, want only the image's error", over-1, err)
 	}
 }
+
+// TestValidateRefusedDestinations: `validate` refuses at submit the mounts
+// the node would refuse at start, naming the rule: the step's scratch
+// destination taken by a user mount, /etc (which would hide /etc/hosts,
+// which the launcher writes); it creates no scratch directory doing so.
+func TestValidateRefusedDestinations(t *testing.T) {
+	tmp := t.TempDir()
+	scratch := filepath.Join(tmp, "scratch")
+	src := filepath.Join(tmp, "src")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(tmp, "microvm.toml")
+	conf := fmt.Sprintf("[mounts]\nallowed = [%q]\nscratch_base = %q\nscratch_destination = \"/scratch\"\n", tmp, scratch)
+	if err := os.WriteFile(cfgPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		mounts, want string
+	}{
+		{src + ":/scratch", `destination "/scratch" is already used by the step's scratch directory (mounts.scratch_destination "/scratch")`},
+		{src + ":/etc", `destination "/etc" would hide /etc/hosts, which is never a mount destination: the launcher writes the step's host name into it`},
+		{src + ":/etc/hosts", `destination "/etc/hosts" is reserved`},
+		// Passes the mounts, fails on the (missing) image.
+		{src + ":/etc/myapp", "--microvm: "},
+		{src + ":/scratch/in", "--microvm: "},
+	} {
+		app := &cli.App{
+			Flags:          []cli.Flag{&cli.StringFlag{Name: "config"}},
+			Commands:       []*cli.Command{validateCommand()},
+			ExitErrHandler: func(*cli.Context, error) {},
+		}
+		err := app.Run([]string{"slurm-microvm", "--config", cfgPath, "validate", "--image", filepath.Join(tmp, "no-such-image"), "--mounts", tc.mounts})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("validate --mounts %s: %v, want %q", tc.mounts, err, tc.want)
+		}
+		if _, err := os.Lstat(scratch); !os.IsNotExist(err) {
+			t.Fatalf("validate --mounts %s: scratch base %s: %v, want none created", tc.mounts, scratch, err)
+		}
+	}
+}

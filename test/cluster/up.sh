@@ -151,10 +151,18 @@ cleanup_on_error() {
 trap cleanup_on_error EXIT
 
 # start_daemon NAME CMD... : start CMD in its own session, stdio to
-# log/NAME.out, record "NAME pid starttime exe" in pids.
+# log/NAME.out, no other fd of the caller's (a flock fd a daemon kept
+# would block every later locker for the daemon's life), and record
+# "NAME pid starttime exe" in pids.
 start_daemon() {
 	local name=$1; shift
-	setsid "$@" </dev/null >>"$STATE/log/$name.out" 2>&1 &
+	(
+		for fd in /proc/$BASHPID/fd/*; do
+			fd=${fd##*/}
+			if (( fd > 2 )); then eval "exec $fd>&-" 2>/dev/null || true; fi
+		done
+		exec setsid "$@"
+	) </dev/null >>"$STATE/log/$name.out" 2>&1 &
 	local pid=$!
 	local st
 	st=$(awk '{print $22}' "/proc/$pid/stat" 2>/dev/null) || die "$name exited at once; see $STATE/log/$name.out"

@@ -179,8 +179,8 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 	if cwd == "" {
 		cwd = "/"
 	}
-	if fi, err := os.Stat(root + cwd); err != nil || !fi.IsDir() {
-		return nil, status.Errorf(codes.FailedPrecondition, "working directory %q does not exist in the image", cwd)
+	if err := checkWorkdir(root, cwd); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	env := withPath(mergeEnv(imageEnv, api.Strings(req.Env)), imagePath)
 	fw, fwInfo, env, err := s.setupForwards(req.Forwards, env)
@@ -579,4 +579,39 @@ func SetRealtime(t time.Time) error {
 		return fmt.Errorf("clock_settime(CLOCK_REALTIME): %w", err)
 	}
 	return nil
+}
+
+// checkWorkdir checks that cwd (a guest path) is a directory below root:
+// missing, not a directory and not reachable are told apart, so that
+// --microvm-workdir=/etc/passwd is not reported as missing.
+func checkWorkdir(root, cwd string) error {
+	fi, err := os.Stat(root + cwd)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("working directory %q does not exist in the image", cwd)
+	case errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("working directory %q: a parent of it is not a directory in the image", cwd)
+	case err != nil:
+		return fmt.Errorf("working directory %q: %w", cwd, err)
+	case !fi.IsDir():
+		return fmt.Errorf("working directory %q is not a directory in the image (it is a %s): give a directory", cwd, fileKind(fi.Mode()))
+	}
+	return nil
+}
+
+// fileKind names the type of a file mode for messages.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsRegular():
+		return "regular file"
+	case m&os.ModeSymlink != 0:
+		return "symlink"
+	case m&os.ModeDevice != 0:
+		return "device"
+	case m&os.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	}
+	return "special file"
 }
