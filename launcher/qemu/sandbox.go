@@ -241,10 +241,12 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		return fail(fmt.Errorf("start VMM %s as %s: %w", d.o.Binary, id, err))
 	}
 	guestEnd.Close()
+	con.w.Close() // QEMU holds the console's write end now; EOF comes with it
 	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts}
 	go func() {
 		err := cmd.Wait()
 		restore()
+		<-con.done // the console log is complete once the VMM is gone
 		s.waitErr = err
 		s.recordExit(err)
 		close(s.done)
