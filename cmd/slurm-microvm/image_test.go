@@ -54,22 +54,7 @@ func TestImageNonRootNodeCache(t *testing.T) {
 		prereq.Root(t, "runs as another uid")
 	}
 	const uid = 43203
-	dir, err := os.MkdirTemp("/run", "smv-image-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.ReadFile("/proc/self/exe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "slurm-microvm.test")
-	if err := os.WriteFile(bin, self, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := otherUIDBinary(t, "smv-image-test-")
 	node := filepath.Join(dir, "cache", "images")
 	userNode := filepath.Join(node, strconv.Itoa(uid))
 	if err := os.MkdirAll(userNode, 0o700); err != nil { // as the launcher makes it

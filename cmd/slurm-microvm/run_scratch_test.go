@@ -44,22 +44,7 @@ func TestRunNonRootScratch(t *testing.T) {
 		prereq.Root(t, "runs as another, real user")
 	}
 	uid, gid := nonRootUser(t)
-	dir, err := os.MkdirTemp("/run", "smv-cmd-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.ReadFile("/proc/self/exe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "slurm-microvm.test")
-	if err := os.WriteFile(bin, self, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := otherUIDBinary(t, "smv-cmd-test-")
 	tmp, home := filepath.Join(dir, "tmp"), filepath.Join(dir, "home")
 	for _, d := range []string{tmp, home} {
 		if err := os.Mkdir(d, 0o700); err != nil {

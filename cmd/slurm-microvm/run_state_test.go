@@ -33,23 +33,7 @@ func TestRunStateNotInPlantedDir(t *testing.T) {
 		prereq.Root(t, "runs as two other uids")
 	}
 	const userA, userB = 43201, 43202
-	dir, err := os.MkdirTemp("/run", "smv-cmd-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The test binary, where user A can execute it.
-	self, err := os.ReadFile("/proc/self/exe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "slurm-microvm.test")
-	if err := os.WriteFile(bin, self, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := otherUIDBinary(t, "smv-cmd-test-")
 	tmp := filepath.Join(dir, "tmp") // a /tmp: sticky, world-writable
 	xdgB := filepath.Join(dir, "xdg-b")
 	for _, d := range []string{tmp, xdgB} {
