@@ -108,11 +108,13 @@ func streamPath(p string, w io.Writer) error {
 	return nil
 }
 
-// writeLayoutTar writes the directories and regular files of an OCI layout
-// directory (symlinks to regular files are followed, as the user) as a tar.
-func writeLayoutTar(dir string, w io.Writer) error {
-	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(full string, d fs.DirEntry, err error) error {
+// walkLayout calls fn for each member of the tar that writeLayoutTar makes
+// of an OCI layout directory, with its tar name: directories (never
+// entered through a symlink) and regular files (symlinks to them followed,
+// as the user). The stream and its bound (layoutStreamBound) share this
+// walk, so the bound always covers what is streamed.
+func walkLayout(dir string, fn func(full, name string, fi fs.FileInfo) error) error {
+	return filepath.WalkDir(dir, func(full string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return pathErr(full, err)
 		}
@@ -124,25 +126,36 @@ func writeLayoutTar(dir string, w io.Writer) error {
 		if err != nil {
 			return pathErr(full, err)
 		}
-		name := filepath.ToSlash(rel)
 		switch {
 		case fi.IsDir():
 			if d.Type()&fs.ModeSymlink != 0 {
 				return nil // WalkDir does not descend; do not half-copy
 			}
+		case !fi.Mode().IsRegular():
+			return nil
+		}
+		return fn(full, filepath.ToSlash(rel), fi)
+	})
+}
+
+// writeLayoutTar writes the directories and regular files of an OCI layout
+// directory (symlinks to regular files are followed, as the user) as a tar.
+func writeLayoutTar(dir string, w io.Writer) error {
+	tw := tar.NewWriter(w)
+	err := walkLayout(dir, func(full, name string, fi fs.FileInfo) error {
+		if fi.IsDir() {
 			return tw.WriteHeader(&tar.Header{Name: name + "/", Typeflag: tar.TypeDir, Mode: 0o755, Format: tar.FormatPAX})
-		case fi.Mode().IsRegular():
-			f, err := os.Open(full)
-			if err != nil {
-				return pathErr(full, err)
-			}
-			defer f.Close()
-			if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: fi.Size(), Format: tar.FormatPAX}); err != nil {
-				return err
-			}
-			if _, err := io.CopyN(tw, f, fi.Size()); err != nil {
-				return pathErr(full, err)
-			}
+		}
+		f, err := os.Open(full)
+		if err != nil {
+			return pathErr(full, err)
+		}
+		defer f.Close()
+		if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: fi.Size(), Format: tar.FormatPAX}); err != nil {
+			return err
+		}
+		if _, err := io.CopyN(tw, f, fi.Size()); err != nil {
+			return pathErr(full, err)
 		}
 		return nil
 	})
@@ -152,29 +165,15 @@ func writeLayoutTar(dir string, w io.Writer) error {
 	return tw.Close()
 }
 
-// layoutStreamBound walks an OCI layout directory as writeLayoutTar does
-// and returns the most bytes that tar can have: per member a header
-// block, a PAX header block and records (the name, the size), the data
-// rounded up to blocks; two zero blocks at the end.
+// layoutStreamBound returns the most bytes the tar of writeLayoutTar can
+// have for dir: per member a header block, a PAX header block and records
+// (the name, the size), the data rounded up to blocks; two zero blocks at
+// the end.
 func layoutStreamBound(dir string) (int64, error) {
 	blocks := func(n int64) int64 { return (n + 511) / 512 * 512 }
 	total := int64(1024)
-	err := filepath.WalkDir(dir, func(full string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return pathErr(full, err)
-		}
-		rel, err := filepath.Rel(dir, full)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := os.Stat(full)
-		if err != nil {
-			return pathErr(full, err)
-		}
-		if !fi.IsDir() && !fi.Mode().IsRegular() {
-			return nil
-		}
-		total += 1024 + blocks(int64(len(rel))+128)
+	err := walkLayout(dir, func(_, name string, fi fs.FileInfo) error {
+		total += 1024 + blocks(int64(len(name))+128)
 		if fi.Mode().IsRegular() {
 			total += blocks(fi.Size())
 		}

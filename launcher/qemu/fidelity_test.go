@@ -30,24 +30,18 @@ func TestGuestSeesWhatTheHostSends(t *testing.T) {
 	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs", "busybox", "go")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	tmp := t.TempDir()
-	a, err := assets.Ensure(ctx, assets.Options{Agent: fixture.Agent(t), CacheDir: filepath.Join(tmp, "assets")})
-	if err != nil {
-		t.Fatalf("assets: %v", err)
-	}
-	rootfs := filepath.Join(tmp, "rootfs")
-	fixture.BusyboxRootfs(t, rootfs, "Probe OS")
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(rootfs, "bin/probe"), "./testdata/probe")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build probe: %v\n%s", err, out)
-	}
 	const odd = "\xff\xfe"
-	if err := os.Mkdir(filepath.Join(rootfs, "w"+odd), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	disk := filepath.Join(tmp, "root.erofs")
-	fixture.Erofs(t, rootfs, disk)
+	e := newVMEnv(t, ctx, "Probe OS", func(rootfs string) {
+		build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(rootfs, "bin/probe"), "./testdata/probe")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build probe: %v\n%s", err, out)
+		}
+		if err := os.Mkdir(filepath.Join(rootfs, "w"+odd), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	})
+	tmp, a, disk := e.tmp, e.a, e.disk
 	stateDir := filepath.Join(tmp, "state")
 	if err := os.Mkdir(stateDir, 0o755); err != nil {
 		t.Fatal(err)
