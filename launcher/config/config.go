@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
+	"sort"
 	"strings"
 	"time"
 
@@ -93,6 +95,32 @@ type GPU struct {
 	// NVML shows no process on them. Off: gres.conf must list
 	// File=/dev/vfio/<group> GPUs already bound to vfio-pci.
 	AllowRebind bool `toml:"allow_rebind"`
+	// Driver is the node's NVIDIA driver as a GPU step's guest gets it.
+	Driver GPUDriver `toml:"driver"`
+	// NVSwitch decides a multi-GPU step on a node whose GPUs are linked
+	// by NVSwitch (HGX baseboards): "refuse" (default; passed GPUs would
+	// run without NVLink, the switches staying on the host) or
+	// "without-nvlink" (the site accepts PCIe-only peer traffic).
+	NVSwitch string `toml:"nvswitch"`
+}
+
+// GPUDriver is [gpu.driver] (launcher/gpu/driverset).
+type GPUDriver struct {
+	// Inject brings the node's driver (kernel modules for the guest
+	// kernel, firmware, user-space libraries and tools) into every step
+	// with GPUs; default true. false: the guest kernel and the image must
+	// drive the GPUs themselves.
+	Inject *bool `toml:"inject"`
+	// Root is where the driver is installed: "/" (default), or a driver
+	// container's root (the GPU Operator's /run/nvidia/driver).
+	Root string `toml:"root"`
+	// Modules are the kernel modules loaded in the guest (kernel names);
+	// default nvidia and nvidia_uvm. Add nvidia_modeset, nvidia_drm or
+	// nvidia_peermem where needed.
+	Modules []string `toml:"modules"`
+	// Params are module parameters by module, as insmod(8) takes them,
+	// e.g. nvidia = "NVreg_EnableGpuFirmware=1".
+	Params map[string]string `toml:"params"`
 }
 
 // QEMU configures the built-in driver.
@@ -175,7 +203,10 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 
 // Defaults returns the configuration used for every key the file omits.
 func Defaults() Config {
-	t := true
+	// One variable per *bool: the TOML decoder writes a key's value
+	// through the pointer it finds, so a shared one would turn every
+	// such default off with the first key set to false.
+	runAs, seccomp, inject := true, true, true
 	return Config{
 		RuntimeDir: "/run/slurm-microvm",
 		CacheDir:   "/var/cache/slurm-microvm",
@@ -184,8 +215,8 @@ func Defaults() Config {
 			Binary:  "qemu-system-x86_64",
 			Accel:   "auto",
 			Agent:   "/usr/local/libexec/slurm-microvm/slurm-microvm-agent",
-			RunAs:   &t,
-			Seccomp: &t,
+			RunAs:   &runAs,
+			Seccomp: &seccomp,
 		},
 		Resources: Resources{
 			VMMOverheadMiB:   256,
@@ -193,7 +224,7 @@ func Defaults() Config {
 			MinMemoryMiB:     128,
 			OverlayMiB:       1024,
 		},
-		GPU:    GPU{GresConf: "/etc/slurm/gres.conf"},
+		GPU:    GPU{GresConf: "/etc/slurm/gres.conf", Driver: GPUDriver{Inject: &inject, Root: "/"}, NVSwitch: "refuse"},
 		Mounts: fs.DefaultPolicy(),
 		MPI:    MPI{Default: "auto", Version: "full"},
 		Log:    Log{Dir: "/var/log/slurm-microvm", Keep: 1000, MaxAge: Duration{30 * 24 * time.Hour}},
@@ -322,6 +353,7 @@ func (c *Config) validate(path string, data []byte) []error {
 	if !strings.HasPrefix(c.GPU.GresConf, "/") {
 		bad("gpu.gres_conf", "%q must be an absolute path", c.GPU.GresConf)
 	}
+	checkGPUDriver(&c.GPU, bad)
 	if c.QEMU.Kernel != "" && !strings.HasPrefix(c.QEMU.Kernel, "/") {
 		bad("qemu.kernel", "%q must be an absolute path", c.QEMU.Kernel)
 	}
@@ -489,4 +521,65 @@ func (c *Config) CheckHost(path string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// moduleName is a kernel module name as modules.dep(5) and insmod take it.
+var moduleName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,55}$`)
+
+// checkGPUDriver validates [gpu.driver] and gpu.nvswitch, and spells
+// module names the kernel's way ('-' -> '_').
+func checkGPUDriver(g *GPU, bad func(key, format string, a ...any)) {
+	d := &g.Driver
+	if d.Root == "" {
+		d.Root = "/"
+	}
+	if !strings.HasPrefix(d.Root, "/") {
+		bad("gpu.driver.root", "%q must be an absolute path (\"/\" for the node's own driver)", d.Root)
+	}
+	mods := map[string]bool{}
+	for i, m := range d.Modules {
+		if !moduleName.MatchString(m) {
+			bad("gpu.driver.modules", "%q is not a kernel module name (letters, digits, '_' and '-')", m)
+			continue
+		}
+		d.Modules[i] = strings.ReplaceAll(m, "-", "_")
+		mods[d.Modules[i]] = true
+	}
+	if len(d.Modules) > 0 && !mods["nvidia"] {
+		bad("gpu.driver.modules", "%q lacks nvidia, the driver every other NVIDIA module needs", d.Modules)
+	}
+	if len(d.Modules) == 0 {
+		mods = map[string]bool{"nvidia": true, "nvidia_uvm": true}
+	}
+	params := map[string]string{}
+	for m, p := range d.Params {
+		k := strings.ReplaceAll(m, "-", "_")
+		switch {
+		case !mods[k]:
+			bad("gpu.driver.params", "%q is not a module the guest loads (gpu.driver.modules: %s)", m, strings.Join(sortedKeys(mods), ", "))
+		case strings.ContainsAny(p, "\n\x00"):
+			bad("gpu.driver.params", "%s: parameters contain a newline or NUL", m)
+		}
+		params[k] = p
+	}
+	d.Params = nil
+	if len(params) > 0 {
+		d.Params = params
+	}
+	switch g.NVSwitch {
+	case "":
+		g.NVSwitch = "refuse"
+	case "refuse", "without-nvlink":
+	default:
+		bad("gpu.nvswitch", "%q must be refuse or without-nvlink", g.NVSwitch)
+	}
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }

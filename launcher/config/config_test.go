@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -98,7 +100,7 @@ func TestExampleConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := Defaults()
-	if c.RuntimeDir != d.RuntimeDir || c.Resources != d.Resources || c.Timeouts != d.Timeouts || c.QEMU.Agent != d.QEMU.Agent || c.GPU != d.GPU || c.MPI != d.MPI || c.Images != d.Images {
+	if c.RuntimeDir != d.RuntimeDir || c.Resources != d.Resources || c.Timeouts != d.Timeouts || c.QEMU.Agent != d.QEMU.Agent || !reflect.DeepEqual(c.GPU, d.GPU) || c.MPI != d.MPI || c.Images != d.Images {
 		t.Fatalf("etc/microvm.toml differs from the defaults it documents:\n%+v\n%+v", c, d)
 	}
 }
@@ -155,4 +157,31 @@ func unwrapAll(err error) []error {
 		return nil
 	}
 	return []error{err}
+}
+
+// TestBoolDefaultsIndependent: setting one boolean key to false leaves the
+// other boolean defaults true (the decoder writes through the default's
+// pointer; one shared variable turned qemu.runas off with qemu.seccomp).
+func TestBoolDefaultsIndependent(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want [3]bool // runas, seccomp, inject
+	}{
+		{"[qemu]\nseccomp = false\n[mounts]\nallowed = []\nscratch_base = \"\"\n[mpi]\ndefault = \"off\"\n", [3]bool{true, false, true}},
+		{"[gpu.driver]\ninject = false\n", [3]bool{true, true, false}},
+		{"", [3]bool{true, true, true}},
+	} {
+		p := filepath.Join(t.TempDir(), "microvm.toml")
+		if err := os.WriteFile(p, []byte(tc.file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := Load(p, false)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.file, err)
+		}
+		got := [3]bool{*c.QEMU.RunAs, *c.QEMU.Seccomp, *c.GPU.Driver.Inject}
+		if got != tc.want {
+			t.Errorf("%q: runas, seccomp, inject = %v, want %v", tc.file, got, tc.want)
+		}
+	}
 }
