@@ -73,8 +73,50 @@ type SandboxConfig struct {
 	// DeviceFiles are host device nodes the VMM opens by name (VFIO
 	// group files): the driver gives them to the VMM's uid while it runs.
 	DeviceFiles []string
-	Debug       bool
-	Logger      *slog.Logger
+	// GPUDriver, for a step with GPUs, is the node's GPU driver set: the
+	// guest loads it before any process starts. nil: none.
+	GPUDriver *GPUDriver
+	Debug     bool
+	Logger    *slog.Logger
+}
+
+// GPUDriver is a GPU driver set for the guest (launcher/gpu/driverset):
+// one read-only directory, and what the guest does with it. Paths in the
+// set are relative to Dir; guest paths are absolute in the guest's root.
+type GPUDriver struct {
+	// Dir is the set's directory, opened by the launcher; it counts as
+	// one host share.
+	Dir *os.File
+	// Modules are loaded in this order, before the first process.
+	Modules []KernelModule
+	// FirmwareDir is searched by the guest's firmware loader while the
+	// modules load; "" for none.
+	FirmwareDir string
+	// Devices are made in the guest's /dev after the modules loaded.
+	Devices []DeviceNode
+	// LibDir and BinDir appear read-only at GuestLibDir and GuestBinDir,
+	// first in every process's LD_LIBRARY_PATH and PATH.
+	LibDir, BinDir           string
+	GuestLibDir, GuestBinDir string
+}
+
+// KernelModule is a module file of a GPU driver set.
+type KernelModule struct {
+	Name, File string
+	// Params as insmod(8) takes them.
+	Params string
+}
+
+// DeviceNode is a character device the guest makes from the major its
+// driver registered: /proc/devices' entry MajorName, or FallbackMajor when
+// there is none (0: then it is an error).
+type DeviceNode struct {
+	// Path under /dev, e.g. "nvidia0".
+	Path                 string
+	MajorName            string
+	FallbackMajor, Minor uint32
+	// Mode holds the permission bits (0666 when 0).
+	Mode uint32
 }
 
 // Sandbox is a running sandbox, held by the supervisor.

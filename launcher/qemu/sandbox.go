@@ -71,6 +71,8 @@ type sandbox struct {
 	waitErr error
 	l       net.Listener
 	mounts  []*api.Mount
+	// gpuDriver is the agent's GPU driver set-up (nil without one).
+	gpuDriver *api.GPUDriver
 
 	stopOnce sync.Once
 	// stopping is set before Stop kills the VMM: its end is then not a
@@ -95,11 +97,20 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	if err != nil {
 		return nil, err
 	}
-	if len(cfg.Shares) > 0 && !id.asJob {
-		return nil, fmt.Errorf("%w: %s; %d host share(s) refused (set qemu.runas = true, the default, in microvm.toml)", ErrSharesNeedJobIdentity, id.why, len(cfg.Shares))
+	// The GPU driver set is one more read-only share, mounted by the
+	// agent itself rather than at a destination in the root.
+	shares := cfg.Shares[:len(cfg.Shares):len(cfg.Shares)]
+	if cfg.GPUDriver != nil {
+		if cfg.GPUDriver.Dir == nil {
+			return nil, errors.New("GPU driver set: no directory")
+		}
+		shares = append(shares, driver.Share{Dir: cfg.GPUDriver.Dir, ReadOnly: true})
 	}
-	if max := MaxShares(cfg.PCI, gpuPorts(cfg.MachineArgs)); len(cfg.Shares) > max {
-		return nil, &TooManySharesError{Shares: len(cfg.Shares), Max: max, PCI: cfg.PCI, GPUs: gpuPorts(cfg.MachineArgs)}
+	if len(shares) > 0 && !id.asJob {
+		return nil, fmt.Errorf("%w: %s; %d host share(s) refused (set qemu.runas = true, the default, in microvm.toml)", ErrSharesNeedJobIdentity, id.why, len(shares))
+	}
+	if max := MaxShares(cfg.PCI, gpuPorts(cfg.MachineArgs)); len(shares) > max {
+		return nil, &TooManySharesError{Shares: len(shares), Max: max, PCI: cfg.PCI, GPUs: gpuPorts(cfg.MachineArgs)}
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -202,7 +213,8 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	// Host shares: QEMU's 9p server, on the directories the launcher
 	// opened as the job's user, inherited as the next fds.
 	var mounts []*api.Mount
-	for i, sh := range cfg.Shares {
+	var gpuDriver *api.GPUDriver
+	for i, sh := range shares {
 		fd := 3 + len(extra)
 		dev := fs.NinePDeviceMMIO
 		if cfg.PCI {
@@ -216,6 +228,10 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		}
 		args = append(args, sargs...)
 		extra = append(extra, sh.Dir)
+		if i == len(cfg.Shares) {
+			gpuDriver = gpuDriverSetup(tag, cfg.GPUDriver)
+			continue
+		}
 		mounts = append(mounts, &api.Mount{Tag: tag, Destination: []byte(sh.Destination), ReadOnly: sh.ReadOnly})
 	}
 	logf, err := state.OpenFile(filepath.Join(cfg.StateDir, vmmLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
@@ -242,7 +258,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	}
 	guestEnd.Close()
 	con.w.Close() // QEMU holds the console's write end now; EOF comes with it
-	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts}
+	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts, gpuDriver: gpuDriver}
 	go func() {
 		err := cmd.Wait()
 		restore()
@@ -292,7 +308,7 @@ func (s *sandbox) waitReady(ctx context.Context) error {
 			RootDevice: "/dev/vda", RootFstype: "erofs",
 			OverlayMib: s.cfg.OverlayMiB, Hostname: s.cfg.Hostname,
 			ImageEnv: api.Bytes(s.cfg.ImageEnv), ImageWorkdir: []byte(s.cfg.ImageWorkdir),
-			Mounts: s.mounts,
+			Mounts: s.mounts, GpuDriver: s.gpuDriver,
 		})
 		ch <- result{c, err}
 	}()
@@ -552,4 +568,19 @@ func (p process) Path() string { return p.p.Path }
 func (p process) Wait(ctx context.Context) (driver.ExitStatus, error) {
 	st, err := p.p.Wait(ctx)
 	return driver.ExitStatus{Code: st.Code, Signal: st.Signal}, explain(ctx, p.stateDir, err)
+}
+
+// gpuDriverSetup is the agent's description of the driver set shared as tag.
+func gpuDriverSetup(tag string, g *driver.GPUDriver) *api.GPUDriver {
+	out := &api.GPUDriver{
+		Tag: tag, FirmwareDir: g.FirmwareDir,
+		LibDir: g.LibDir, BinDir: g.BinDir, GuestLibDir: g.GuestLibDir, GuestBinDir: g.GuestBinDir,
+	}
+	for _, m := range g.Modules {
+		out.Modules = append(out.Modules, &api.KernelModule{Name: m.Name, File: m.File, Params: m.Params})
+	}
+	for _, n := range g.Devices {
+		out.Devices = append(out.Devices, &api.DeviceNode{Path: n.Path, MajorName: n.MajorName, FallbackMajor: n.FallbackMajor, Minor: n.Minor, Mode: n.Mode})
+	}
+	return out
 }

@@ -221,7 +221,10 @@ type SetupRequest struct {
 	ImageEnv     [][]byte `protobuf:"bytes,8,rep,name=image_env,json=imageEnv,proto3" json:"image_env,omitempty"`
 	ImageWorkdir []byte   `protobuf:"bytes,9,opt,name=image_workdir,json=imageWorkdir,proto3" json:"image_workdir,omitempty"`
 	// Host directories to mount, parents first (9p tags of the VMM).
-	Mounts        []*Mount `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Mounts []*Mount `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	// The node's GPU driver, for a step with GPUs only: set up after the
+	// root and the mounts, before any process starts.
+	GpuDriver     *GPUDriver `protobuf:"bytes,11,opt,name=gpu_driver,json=gpuDriver,proto3" json:"gpu_driver,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -326,6 +329,267 @@ func (x *SetupRequest) GetMounts() []*Mount {
 	return nil
 }
 
+func (x *SetupRequest) GetGpuDriver() *GPUDriver {
+	if x != nil {
+		return x.GpuDriver
+	}
+	return nil
+}
+
+// GPUDriver is a GPU driver set shared read-only from the host (package
+// launcher/gpu/driverset): kernel modules loaded in order, the firmware
+// they request, device nodes made from the majors they register, and the
+// user-space driver bound into the root and searched first.
+type GPUDriver struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 9p tag of the set's directory. The agent mounts it outside the root.
+	Tag string `protobuf:"bytes,1,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Kernel modules in load order; file is relative to the set.
+	Modules []*KernelModule `protobuf:"bytes,2,rep,name=modules,proto3" json:"modules,omitempty"`
+	// Firmware tree relative to the set (the kernel's firmware_class.path
+	// while the modules load); empty: none.
+	FirmwareDir string        `protobuf:"bytes,3,opt,name=firmware_dir,json=firmwareDir,proto3" json:"firmware_dir,omitempty"`
+	Devices     []*DeviceNode `protobuf:"bytes,4,rep,name=devices,proto3" json:"devices,omitempty"`
+	// lib_dir and bin_dir (relative to the set) are bound read-only at
+	// guest_lib_dir and guest_bin_dir in the root, which every process
+	// finds first: LD_LIBRARY_PATH and PATH begin with them.
+	LibDir        string `protobuf:"bytes,5,opt,name=lib_dir,json=libDir,proto3" json:"lib_dir,omitempty"`
+	BinDir        string `protobuf:"bytes,6,opt,name=bin_dir,json=binDir,proto3" json:"bin_dir,omitempty"`
+	GuestLibDir   string `protobuf:"bytes,7,opt,name=guest_lib_dir,json=guestLibDir,proto3" json:"guest_lib_dir,omitempty"`
+	GuestBinDir   string `protobuf:"bytes,8,opt,name=guest_bin_dir,json=guestBinDir,proto3" json:"guest_bin_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUDriver) Reset() {
+	*x = GPUDriver{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUDriver) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUDriver) ProtoMessage() {}
+
+func (x *GPUDriver) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUDriver.ProtoReflect.Descriptor instead.
+func (*GPUDriver) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GPUDriver) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *GPUDriver) GetModules() []*KernelModule {
+	if x != nil {
+		return x.Modules
+	}
+	return nil
+}
+
+func (x *GPUDriver) GetFirmwareDir() string {
+	if x != nil {
+		return x.FirmwareDir
+	}
+	return ""
+}
+
+func (x *GPUDriver) GetDevices() []*DeviceNode {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
+}
+
+func (x *GPUDriver) GetLibDir() string {
+	if x != nil {
+		return x.LibDir
+	}
+	return ""
+}
+
+func (x *GPUDriver) GetBinDir() string {
+	if x != nil {
+		return x.BinDir
+	}
+	return ""
+}
+
+func (x *GPUDriver) GetGuestLibDir() string {
+	if x != nil {
+		return x.GuestLibDir
+	}
+	return ""
+}
+
+func (x *GPUDriver) GetGuestBinDir() string {
+	if x != nil {
+		return x.GuestBinDir
+	}
+	return ""
+}
+
+type KernelModule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	File  string                 `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	// Parameters as insmod takes them ("a=1 b=x").
+	Params        string `protobuf:"bytes,3,opt,name=params,proto3" json:"params,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KernelModule) Reset() {
+	*x = KernelModule{}
+	mi := &file_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KernelModule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KernelModule) ProtoMessage() {}
+
+func (x *KernelModule) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KernelModule.ProtoReflect.Descriptor instead.
+func (*KernelModule) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *KernelModule) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *KernelModule) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *KernelModule) GetParams() string {
+	if x != nil {
+		return x.Params
+	}
+	return ""
+}
+
+// DeviceNode is a character device made in the root's /dev once the
+// modules are loaded: its major is the one /proc/devices lists for
+// major_name after loading (fallback_major when that name is absent, 0:
+// none, then the node is an error).
+type DeviceNode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path under /dev, e.g. "nvidia0", "nvidia-uvm".
+	Path          string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	MajorName     string `protobuf:"bytes,2,opt,name=major_name,json=majorName,proto3" json:"major_name,omitempty"`
+	FallbackMajor uint32 `protobuf:"varint,3,opt,name=fallback_major,json=fallbackMajor,proto3" json:"fallback_major,omitempty"`
+	Minor         uint32 `protobuf:"varint,4,opt,name=minor,proto3" json:"minor,omitempty"`
+	// Permission bits, e.g. 0666.
+	Mode          uint32 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceNode) Reset() {
+	*x = DeviceNode{}
+	mi := &file_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceNode) ProtoMessage() {}
+
+func (x *DeviceNode) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceNode.ProtoReflect.Descriptor instead.
+func (*DeviceNode) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DeviceNode) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *DeviceNode) GetMajorName() string {
+	if x != nil {
+		return x.MajorName
+	}
+	return ""
+}
+
+func (x *DeviceNode) GetFallbackMajor() uint32 {
+	if x != nil {
+		return x.FallbackMajor
+	}
+	return 0
+}
+
+func (x *DeviceNode) GetMinor() uint32 {
+	if x != nil {
+		return x.Minor
+	}
+	return 0
+}
+
+func (x *DeviceNode) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
 type Mount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Tag   string                 `protobuf:"bytes,1,opt,name=tag,proto3" json:"tag,omitempty"`
@@ -341,7 +605,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +617,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +630,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Mount) GetTag() string {
@@ -420,7 +684,7 @@ type CreateProcessRequest struct {
 
 func (x *CreateProcessRequest) Reset() {
 	*x = CreateProcessRequest{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +696,7 @@ func (x *CreateProcessRequest) String() string {
 func (*CreateProcessRequest) ProtoMessage() {}
 
 func (x *CreateProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +709,7 @@ func (x *CreateProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProcessRequest.ProtoReflect.Descriptor instead.
 func (*CreateProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateProcessRequest) GetArgv() [][]byte {
@@ -529,7 +793,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +805,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +818,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Forward) GetFd() uint32 {
@@ -593,7 +857,7 @@ type CreateProcessResponse struct {
 
 func (x *CreateProcessResponse) Reset() {
 	*x = CreateProcessResponse{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +869,7 @@ func (x *CreateProcessResponse) String() string {
 func (*CreateProcessResponse) ProtoMessage() {}
 
 func (x *CreateProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +882,7 @@ func (x *CreateProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProcessResponse.ProtoReflect.Descriptor instead.
 func (*CreateProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateProcessResponse) GetId() string {
@@ -659,7 +923,7 @@ type ForwardInfo struct {
 
 func (x *ForwardInfo) Reset() {
 	*x = ForwardInfo{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +935,7 @@ func (x *ForwardInfo) String() string {
 func (*ForwardInfo) ProtoMessage() {}
 
 func (x *ForwardInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +948,7 @@ func (x *ForwardInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardInfo.ProtoReflect.Descriptor instead.
 func (*ForwardInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ForwardInfo) GetChannel() string {
@@ -711,7 +975,7 @@ type AcceptChannelRequest struct {
 
 func (x *AcceptChannelRequest) Reset() {
 	*x = AcceptChannelRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +987,7 @@ func (x *AcceptChannelRequest) String() string {
 func (*AcceptChannelRequest) ProtoMessage() {}
 
 func (x *AcceptChannelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +1000,7 @@ func (x *AcceptChannelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceptChannelRequest.ProtoReflect.Descriptor instead.
 func (*AcceptChannelRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AcceptChannelRequest) GetId() string {
@@ -762,7 +1026,7 @@ type Channel struct {
 
 func (x *Channel) Reset() {
 	*x = Channel{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +1038,7 @@ func (x *Channel) String() string {
 func (*Channel) ProtoMessage() {}
 
 func (x *Channel) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +1051,7 @@ func (x *Channel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Channel.ProtoReflect.Descriptor instead.
 func (*Channel) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Channel) GetId() string {
@@ -807,7 +1071,7 @@ type ChannelReadRequest struct {
 
 func (x *ChannelReadRequest) Reset() {
 	*x = ChannelReadRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -819,7 +1083,7 @@ func (x *ChannelReadRequest) String() string {
 func (*ChannelReadRequest) ProtoMessage() {}
 
 func (x *ChannelReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -832,7 +1096,7 @@ func (x *ChannelReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelReadRequest.ProtoReflect.Descriptor instead.
 func (*ChannelReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ChannelReadRequest) GetId() string {
@@ -859,7 +1123,7 @@ type ChannelWriteRequest struct {
 
 func (x *ChannelWriteRequest) Reset() {
 	*x = ChannelWriteRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1135,7 @@ func (x *ChannelWriteRequest) String() string {
 func (*ChannelWriteRequest) ProtoMessage() {}
 
 func (x *ChannelWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1148,7 @@ func (x *ChannelWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelWriteRequest.ProtoReflect.Descriptor instead.
 func (*ChannelWriteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ChannelWriteRequest) GetId() string {
@@ -910,7 +1174,7 @@ type ChannelCloseRequest struct {
 
 func (x *ChannelCloseRequest) Reset() {
 	*x = ChannelCloseRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1186,7 @@ func (x *ChannelCloseRequest) String() string {
 func (*ChannelCloseRequest) ProtoMessage() {}
 
 func (x *ChannelCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1199,7 @@ func (x *ChannelCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelCloseRequest.ProtoReflect.Descriptor instead.
 func (*ChannelCloseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ChannelCloseRequest) GetId() string {
@@ -954,7 +1218,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1230,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1243,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ProcessRequest) GetId() string {
@@ -999,7 +1263,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1011,7 +1275,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1024,7 +1288,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -1050,7 +1314,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1326,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1339,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WriteStdinResponse) GetLen() uint32 {
@@ -1097,7 +1361,7 @@ type ReadOutputRequest struct {
 
 func (x *ReadOutputRequest) Reset() {
 	*x = ReadOutputRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1109,7 +1373,7 @@ func (x *ReadOutputRequest) String() string {
 func (*ReadOutputRequest) ProtoMessage() {}
 
 func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1386,7 @@ func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadOutputRequest) GetId() string {
@@ -1156,7 +1420,7 @@ type ReadOutputResponse struct {
 
 func (x *ReadOutputResponse) Reset() {
 	*x = ReadOutputResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1168,7 +1432,7 @@ func (x *ReadOutputResponse) String() string {
 func (*ReadOutputResponse) ProtoMessage() {}
 
 func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1181,7 +1445,7 @@ func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputResponse.ProtoReflect.Descriptor instead.
 func (*ReadOutputResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReadOutputResponse) GetData() []byte {
@@ -1208,7 +1472,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1484,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1497,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -1262,7 +1526,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1538,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1551,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -1315,7 +1579,7 @@ type ResizeTTYRequest struct {
 
 func (x *ResizeTTYRequest) Reset() {
 	*x = ResizeTTYRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1591,7 @@ func (x *ResizeTTYRequest) String() string {
 func (*ResizeTTYRequest) ProtoMessage() {}
 
 func (x *ResizeTTYRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1604,7 @@ func (x *ResizeTTYRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeTTYRequest.ProtoReflect.Descriptor instead.
 func (*ResizeTTYRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResizeTTYRequest) GetId() string {
@@ -1374,7 +1638,7 @@ const file_agent_proto_rawDesc = "" +
 	"\fPingResponse\x12%\n" +
 	"\x0ekernel_release\x18\x01 \x01(\tR\rkernelRelease\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x1b\n" +
-	"\tuptime_ms\x18\x03 \x01(\x04R\buptimeMs\"\xc1\x02\n" +
+	"\tuptime_ms\x18\x03 \x01(\x04R\buptimeMs\"\x82\x03\n" +
 	"\fSetupRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
@@ -1389,7 +1653,30 @@ const file_agent_proto_rawDesc = "" +
 	"\timage_env\x18\b \x03(\fR\bimageEnv\x12#\n" +
 	"\rimage_workdir\x18\t \x01(\fR\fimageWorkdir\x124\n" +
 	"\x06mounts\x18\n" +
-	" \x03(\v2\x1c.slurmmicrovm.agent.v1.MountR\x06mounts\"X\n" +
+	" \x03(\v2\x1c.slurmmicrovm.agent.v1.MountR\x06mounts\x12?\n" +
+	"\n" +
+	"gpu_driver\x18\v \x01(\v2 .slurmmicrovm.agent.v1.GPUDriverR\tgpuDriver\"\xb6\x02\n" +
+	"\tGPUDriver\x12\x10\n" +
+	"\x03tag\x18\x01 \x01(\tR\x03tag\x12=\n" +
+	"\amodules\x18\x02 \x03(\v2#.slurmmicrovm.agent.v1.KernelModuleR\amodules\x12!\n" +
+	"\ffirmware_dir\x18\x03 \x01(\tR\vfirmwareDir\x12;\n" +
+	"\adevices\x18\x04 \x03(\v2!.slurmmicrovm.agent.v1.DeviceNodeR\adevices\x12\x17\n" +
+	"\alib_dir\x18\x05 \x01(\tR\x06libDir\x12\x17\n" +
+	"\abin_dir\x18\x06 \x01(\tR\x06binDir\x12\"\n" +
+	"\rguest_lib_dir\x18\a \x01(\tR\vguestLibDir\x12\"\n" +
+	"\rguest_bin_dir\x18\b \x01(\tR\vguestBinDir\"N\n" +
+	"\fKernelModule\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04file\x18\x02 \x01(\tR\x04file\x12\x16\n" +
+	"\x06params\x18\x03 \x01(\tR\x06params\"\x90\x01\n" +
+	"\n" +
+	"DeviceNode\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1d\n" +
+	"\n" +
+	"major_name\x18\x02 \x01(\tR\tmajorName\x12%\n" +
+	"\x0efallback_major\x18\x03 \x01(\rR\rfallbackMajor\x12\x14\n" +
+	"\x05minor\x18\x04 \x01(\rR\x05minor\x12\x12\n" +
+	"\x04mode\x18\x05 \x01(\rR\x04mode\"X\n" +
 	"\x05Mount\x12\x10\n" +
 	"\x03tag\x18\x01 \x01(\tR\x03tag\x12 \n" +
 	"\vdestination\x18\x02 \x01(\fR\vdestination\x12\x1b\n" +
@@ -1491,70 +1778,76 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: slurmmicrovm.agent.v1.Stream
 	(*Empty)(nil),                 // 1: slurmmicrovm.agent.v1.Empty
 	(*PingRequest)(nil),           // 2: slurmmicrovm.agent.v1.PingRequest
 	(*PingResponse)(nil),          // 3: slurmmicrovm.agent.v1.PingResponse
 	(*SetupRequest)(nil),          // 4: slurmmicrovm.agent.v1.SetupRequest
-	(*Mount)(nil),                 // 5: slurmmicrovm.agent.v1.Mount
-	(*CreateProcessRequest)(nil),  // 6: slurmmicrovm.agent.v1.CreateProcessRequest
-	(*Forward)(nil),               // 7: slurmmicrovm.agent.v1.Forward
-	(*CreateProcessResponse)(nil), // 8: slurmmicrovm.agent.v1.CreateProcessResponse
-	(*ForwardInfo)(nil),           // 9: slurmmicrovm.agent.v1.ForwardInfo
-	(*AcceptChannelRequest)(nil),  // 10: slurmmicrovm.agent.v1.AcceptChannelRequest
-	(*Channel)(nil),               // 11: slurmmicrovm.agent.v1.Channel
-	(*ChannelReadRequest)(nil),    // 12: slurmmicrovm.agent.v1.ChannelReadRequest
-	(*ChannelWriteRequest)(nil),   // 13: slurmmicrovm.agent.v1.ChannelWriteRequest
-	(*ChannelCloseRequest)(nil),   // 14: slurmmicrovm.agent.v1.ChannelCloseRequest
-	(*ProcessRequest)(nil),        // 15: slurmmicrovm.agent.v1.ProcessRequest
-	(*WriteStdinRequest)(nil),     // 16: slurmmicrovm.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 17: slurmmicrovm.agent.v1.WriteStdinResponse
-	(*ReadOutputRequest)(nil),     // 18: slurmmicrovm.agent.v1.ReadOutputRequest
-	(*ReadOutputResponse)(nil),    // 19: slurmmicrovm.agent.v1.ReadOutputResponse
-	(*SignalRequest)(nil),         // 20: slurmmicrovm.agent.v1.SignalRequest
-	(*WaitResponse)(nil),          // 21: slurmmicrovm.agent.v1.WaitResponse
-	(*ResizeTTYRequest)(nil),      // 22: slurmmicrovm.agent.v1.ResizeTTYRequest
+	(*GPUDriver)(nil),             // 5: slurmmicrovm.agent.v1.GPUDriver
+	(*KernelModule)(nil),          // 6: slurmmicrovm.agent.v1.KernelModule
+	(*DeviceNode)(nil),            // 7: slurmmicrovm.agent.v1.DeviceNode
+	(*Mount)(nil),                 // 8: slurmmicrovm.agent.v1.Mount
+	(*CreateProcessRequest)(nil),  // 9: slurmmicrovm.agent.v1.CreateProcessRequest
+	(*Forward)(nil),               // 10: slurmmicrovm.agent.v1.Forward
+	(*CreateProcessResponse)(nil), // 11: slurmmicrovm.agent.v1.CreateProcessResponse
+	(*ForwardInfo)(nil),           // 12: slurmmicrovm.agent.v1.ForwardInfo
+	(*AcceptChannelRequest)(nil),  // 13: slurmmicrovm.agent.v1.AcceptChannelRequest
+	(*Channel)(nil),               // 14: slurmmicrovm.agent.v1.Channel
+	(*ChannelReadRequest)(nil),    // 15: slurmmicrovm.agent.v1.ChannelReadRequest
+	(*ChannelWriteRequest)(nil),   // 16: slurmmicrovm.agent.v1.ChannelWriteRequest
+	(*ChannelCloseRequest)(nil),   // 17: slurmmicrovm.agent.v1.ChannelCloseRequest
+	(*ProcessRequest)(nil),        // 18: slurmmicrovm.agent.v1.ProcessRequest
+	(*WriteStdinRequest)(nil),     // 19: slurmmicrovm.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 20: slurmmicrovm.agent.v1.WriteStdinResponse
+	(*ReadOutputRequest)(nil),     // 21: slurmmicrovm.agent.v1.ReadOutputRequest
+	(*ReadOutputResponse)(nil),    // 22: slurmmicrovm.agent.v1.ReadOutputResponse
+	(*SignalRequest)(nil),         // 23: slurmmicrovm.agent.v1.SignalRequest
+	(*WaitResponse)(nil),          // 24: slurmmicrovm.agent.v1.WaitResponse
+	(*ResizeTTYRequest)(nil),      // 25: slurmmicrovm.agent.v1.ResizeTTYRequest
 }
 var file_agent_proto_depIdxs = []int32{
-	5,  // 0: slurmmicrovm.agent.v1.SetupRequest.mounts:type_name -> slurmmicrovm.agent.v1.Mount
-	7,  // 1: slurmmicrovm.agent.v1.CreateProcessRequest.forwards:type_name -> slurmmicrovm.agent.v1.Forward
-	9,  // 2: slurmmicrovm.agent.v1.CreateProcessResponse.forwards:type_name -> slurmmicrovm.agent.v1.ForwardInfo
-	0,  // 3: slurmmicrovm.agent.v1.ReadOutputRequest.stream:type_name -> slurmmicrovm.agent.v1.Stream
-	2,  // 4: slurmmicrovm.agent.v1.Agent.Ping:input_type -> slurmmicrovm.agent.v1.PingRequest
-	4,  // 5: slurmmicrovm.agent.v1.Agent.Setup:input_type -> slurmmicrovm.agent.v1.SetupRequest
-	6,  // 6: slurmmicrovm.agent.v1.Agent.CreateProcess:input_type -> slurmmicrovm.agent.v1.CreateProcessRequest
-	16, // 7: slurmmicrovm.agent.v1.Agent.WriteStdin:input_type -> slurmmicrovm.agent.v1.WriteStdinRequest
-	15, // 8: slurmmicrovm.agent.v1.Agent.CloseStdin:input_type -> slurmmicrovm.agent.v1.ProcessRequest
-	18, // 9: slurmmicrovm.agent.v1.Agent.ReadOutput:input_type -> slurmmicrovm.agent.v1.ReadOutputRequest
-	20, // 10: slurmmicrovm.agent.v1.Agent.Signal:input_type -> slurmmicrovm.agent.v1.SignalRequest
-	15, // 11: slurmmicrovm.agent.v1.Agent.Wait:input_type -> slurmmicrovm.agent.v1.ProcessRequest
-	22, // 12: slurmmicrovm.agent.v1.Agent.ResizeTTY:input_type -> slurmmicrovm.agent.v1.ResizeTTYRequest
-	10, // 13: slurmmicrovm.agent.v1.Agent.AcceptChannel:input_type -> slurmmicrovm.agent.v1.AcceptChannelRequest
-	12, // 14: slurmmicrovm.agent.v1.Agent.ChannelRead:input_type -> slurmmicrovm.agent.v1.ChannelReadRequest
-	13, // 15: slurmmicrovm.agent.v1.Agent.ChannelWrite:input_type -> slurmmicrovm.agent.v1.ChannelWriteRequest
-	14, // 16: slurmmicrovm.agent.v1.Agent.ChannelClose:input_type -> slurmmicrovm.agent.v1.ChannelCloseRequest
-	1,  // 17: slurmmicrovm.agent.v1.Agent.Shutdown:input_type -> slurmmicrovm.agent.v1.Empty
-	3,  // 18: slurmmicrovm.agent.v1.Agent.Ping:output_type -> slurmmicrovm.agent.v1.PingResponse
-	1,  // 19: slurmmicrovm.agent.v1.Agent.Setup:output_type -> slurmmicrovm.agent.v1.Empty
-	8,  // 20: slurmmicrovm.agent.v1.Agent.CreateProcess:output_type -> slurmmicrovm.agent.v1.CreateProcessResponse
-	17, // 21: slurmmicrovm.agent.v1.Agent.WriteStdin:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
-	1,  // 22: slurmmicrovm.agent.v1.Agent.CloseStdin:output_type -> slurmmicrovm.agent.v1.Empty
-	19, // 23: slurmmicrovm.agent.v1.Agent.ReadOutput:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
-	1,  // 24: slurmmicrovm.agent.v1.Agent.Signal:output_type -> slurmmicrovm.agent.v1.Empty
-	21, // 25: slurmmicrovm.agent.v1.Agent.Wait:output_type -> slurmmicrovm.agent.v1.WaitResponse
-	1,  // 26: slurmmicrovm.agent.v1.Agent.ResizeTTY:output_type -> slurmmicrovm.agent.v1.Empty
-	11, // 27: slurmmicrovm.agent.v1.Agent.AcceptChannel:output_type -> slurmmicrovm.agent.v1.Channel
-	19, // 28: slurmmicrovm.agent.v1.Agent.ChannelRead:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
-	17, // 29: slurmmicrovm.agent.v1.Agent.ChannelWrite:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
-	1,  // 30: slurmmicrovm.agent.v1.Agent.ChannelClose:output_type -> slurmmicrovm.agent.v1.Empty
-	1,  // 31: slurmmicrovm.agent.v1.Agent.Shutdown:output_type -> slurmmicrovm.agent.v1.Empty
-	18, // [18:32] is the sub-list for method output_type
-	4,  // [4:18] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	8,  // 0: slurmmicrovm.agent.v1.SetupRequest.mounts:type_name -> slurmmicrovm.agent.v1.Mount
+	5,  // 1: slurmmicrovm.agent.v1.SetupRequest.gpu_driver:type_name -> slurmmicrovm.agent.v1.GPUDriver
+	6,  // 2: slurmmicrovm.agent.v1.GPUDriver.modules:type_name -> slurmmicrovm.agent.v1.KernelModule
+	7,  // 3: slurmmicrovm.agent.v1.GPUDriver.devices:type_name -> slurmmicrovm.agent.v1.DeviceNode
+	10, // 4: slurmmicrovm.agent.v1.CreateProcessRequest.forwards:type_name -> slurmmicrovm.agent.v1.Forward
+	12, // 5: slurmmicrovm.agent.v1.CreateProcessResponse.forwards:type_name -> slurmmicrovm.agent.v1.ForwardInfo
+	0,  // 6: slurmmicrovm.agent.v1.ReadOutputRequest.stream:type_name -> slurmmicrovm.agent.v1.Stream
+	2,  // 7: slurmmicrovm.agent.v1.Agent.Ping:input_type -> slurmmicrovm.agent.v1.PingRequest
+	4,  // 8: slurmmicrovm.agent.v1.Agent.Setup:input_type -> slurmmicrovm.agent.v1.SetupRequest
+	9,  // 9: slurmmicrovm.agent.v1.Agent.CreateProcess:input_type -> slurmmicrovm.agent.v1.CreateProcessRequest
+	19, // 10: slurmmicrovm.agent.v1.Agent.WriteStdin:input_type -> slurmmicrovm.agent.v1.WriteStdinRequest
+	18, // 11: slurmmicrovm.agent.v1.Agent.CloseStdin:input_type -> slurmmicrovm.agent.v1.ProcessRequest
+	21, // 12: slurmmicrovm.agent.v1.Agent.ReadOutput:input_type -> slurmmicrovm.agent.v1.ReadOutputRequest
+	23, // 13: slurmmicrovm.agent.v1.Agent.Signal:input_type -> slurmmicrovm.agent.v1.SignalRequest
+	18, // 14: slurmmicrovm.agent.v1.Agent.Wait:input_type -> slurmmicrovm.agent.v1.ProcessRequest
+	25, // 15: slurmmicrovm.agent.v1.Agent.ResizeTTY:input_type -> slurmmicrovm.agent.v1.ResizeTTYRequest
+	13, // 16: slurmmicrovm.agent.v1.Agent.AcceptChannel:input_type -> slurmmicrovm.agent.v1.AcceptChannelRequest
+	15, // 17: slurmmicrovm.agent.v1.Agent.ChannelRead:input_type -> slurmmicrovm.agent.v1.ChannelReadRequest
+	16, // 18: slurmmicrovm.agent.v1.Agent.ChannelWrite:input_type -> slurmmicrovm.agent.v1.ChannelWriteRequest
+	17, // 19: slurmmicrovm.agent.v1.Agent.ChannelClose:input_type -> slurmmicrovm.agent.v1.ChannelCloseRequest
+	1,  // 20: slurmmicrovm.agent.v1.Agent.Shutdown:input_type -> slurmmicrovm.agent.v1.Empty
+	3,  // 21: slurmmicrovm.agent.v1.Agent.Ping:output_type -> slurmmicrovm.agent.v1.PingResponse
+	1,  // 22: slurmmicrovm.agent.v1.Agent.Setup:output_type -> slurmmicrovm.agent.v1.Empty
+	11, // 23: slurmmicrovm.agent.v1.Agent.CreateProcess:output_type -> slurmmicrovm.agent.v1.CreateProcessResponse
+	20, // 24: slurmmicrovm.agent.v1.Agent.WriteStdin:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
+	1,  // 25: slurmmicrovm.agent.v1.Agent.CloseStdin:output_type -> slurmmicrovm.agent.v1.Empty
+	22, // 26: slurmmicrovm.agent.v1.Agent.ReadOutput:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
+	1,  // 27: slurmmicrovm.agent.v1.Agent.Signal:output_type -> slurmmicrovm.agent.v1.Empty
+	24, // 28: slurmmicrovm.agent.v1.Agent.Wait:output_type -> slurmmicrovm.agent.v1.WaitResponse
+	1,  // 29: slurmmicrovm.agent.v1.Agent.ResizeTTY:output_type -> slurmmicrovm.agent.v1.Empty
+	14, // 30: slurmmicrovm.agent.v1.Agent.AcceptChannel:output_type -> slurmmicrovm.agent.v1.Channel
+	22, // 31: slurmmicrovm.agent.v1.Agent.ChannelRead:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
+	20, // 32: slurmmicrovm.agent.v1.Agent.ChannelWrite:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
+	1,  // 33: slurmmicrovm.agent.v1.Agent.ChannelClose:output_type -> slurmmicrovm.agent.v1.Empty
+	1,  // 34: slurmmicrovm.agent.v1.Agent.Shutdown:output_type -> slurmmicrovm.agent.v1.Empty
+	21, // [21:35] is the sub-list for method output_type
+	7,  // [7:21] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1568,7 +1861,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

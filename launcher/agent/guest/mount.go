@@ -102,6 +102,11 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 			return "", err
 		}
 	}
+	if req.GpuDriver != nil {
+		if err := SetupGPUDriver(ctx, rootDir, req.GpuDriver); err != nil {
+			return "", err
+		}
+	}
 	if req.Hostname != "" {
 		if err := unix.Sethostname([]byte(req.Hostname)); err != nil {
 			return "", fmt.Errorf("set hostname %q: %w", req.Hostname, err)

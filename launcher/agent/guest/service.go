@@ -168,6 +168,7 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 	if !ok {
 		imagePath = DefaultPath
 	}
+	taskEnv, imagePath := driverEnv(setup.GpuDriver, mergeEnv(imageEnv, api.Strings(req.Env)), imagePath)
 	resolved, err := lookPath(root, argv[0], imagePath)
 	if err != nil {
 		return nil, status.Error(codes.NotFound, err.Error())
@@ -182,7 +183,7 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 	if err := checkWorkdir(root, cwd); err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
-	env := withPath(mergeEnv(imageEnv, api.Strings(req.Env)), imagePath)
+	env := withPath(taskEnv, imagePath)
 	fw, fwInfo, env, err := s.setupForwards(req.Forwards, env)
 	if err != nil {
 		return nil, err
