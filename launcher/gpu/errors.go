@@ -40,6 +40,9 @@ var (
 	// ErrAddressSpace: the guest's PCI hole does not fit the host CPU's
 	// physical address width.
 	ErrAddressSpace = errors.New("guest address space too small")
+	// ErrNVSwitch: a multi-GPU step on an NVSwitch node would have no
+	// NVLink (the switches stay on the host).
+	ErrNVSwitch = errors.New("GPUs linked by NVSwitch")
 	// ErrNVMLUnavailable: libnvidia-ml could not be loaded or initialised.
 	ErrNVMLUnavailable = errors.New("NVML not available")
 	// ErrRebind: writing driver_override/unbind/bind failed or did not

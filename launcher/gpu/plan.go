@@ -34,6 +34,10 @@ type Request struct {
 	// GuestMemoryMiB, when set, is checked with the PCI hole against the
 	// host CPU's physical address width (ErrAddressSpace).
 	GuestMemoryMiB uint64
+	// NVSwitch is the node's rule for multi-GPU steps when its GPUs are
+	// linked by NVSwitch: "refuse" ("" too; ErrNVSwitch) or
+	// "without-nvlink" (a note says the step has no NVLink).
+	NVSwitch string
 }
 
 // Plan is how a step's GPUs reach its VM. It is plain data (JSON) so a
@@ -271,6 +275,7 @@ func (pl *planner) plan(indices []int) (*Plan, []error) {
 		return p, errs
 	}
 	errs = append(errs, pl.checkGroups(p)...)
+	errs = append(errs, pl.checkNVSwitch(p)...)
 	errs = append(errs, pl.checkUse(p)...)
 	if len(errs) > 0 {
 		return p, errs
@@ -597,6 +602,29 @@ func (pl *planner) checkHost(p *Plan) []error {
 		}
 	}
 	return errs
+}
+
+// checkNVSwitch refuses a multi-GPU step on a node whose GPUs are linked
+// by NVSwitch: the switches stay on the host (they are no function of any
+// GPU and serve every tenant's GPUs), so the VM's GPUs would reach each
+// other over PCIe only, silently, unless the site accepted that
+// (Request.NVSwitch "without-nvlink").
+func (pl *planner) checkNVSwitch(p *Plan) []error {
+	if len(p.GPUs) < 2 {
+		return nil
+	}
+	sw := pl.r.nvSwitches()
+	if len(sw) == 0 {
+		return nil
+	}
+	if pl.req.NVSwitch == "without-nvlink" {
+		p.Notes = append(p.Notes, fmt.Sprintf("this node's GPUs are linked by %d NVSwitch(es) that stay on the host: the step's %d GPUs talk over PCIe only, without NVLink (gpu.nvswitch = without-nvlink)", len(sw), len(p.GPUs)))
+		return nil
+	}
+	return []error{&DeviceError{Index: -1, Rule: ErrNVSwitch, Detail: fmt.Sprintf(
+		"this node's GPUs are linked by NVSwitch (%s), which stays on the host: the step's %d GPUs would run without NVLink. "+
+			"Ask for one GPU, run Fabric Manager's shared NVSwitch multitenancy mode on the host with partitions the site activates, "+
+			"or set gpu.nvswitch = \"without-nvlink\" in microvm.toml to accept PCIe-only peer traffic", strings.Join(sw, " "), len(p.GPUs))}}
 }
 
 func nvidiaDevFile(minor int) string { return fmt.Sprintf("/dev/nvidia%d", minor) }

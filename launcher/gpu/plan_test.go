@@ -3,6 +3,7 @@ package gpu_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -355,4 +356,47 @@ func equalInts(a, b []int) bool {
 		}
 	}
 	return true
+}
+
+// TestPlanNVSwitch: on an HGX node (GPUs plus NVSwitch functions, class
+// 0x0680), a multi-GPU step is refused unless the site accepts GPUs
+// without NVLink; a one-GPU step needs no NVLink and passes.
+func TestPlanNVSwitch(t *testing.T) {
+	for _, tc := range []struct {
+		name, step, policy string
+		switches           int
+		wantErr            bool
+		wantNote           bool
+	}{
+		{"2 GPUs, switches, refuse", "0,1", "refuse", 4, true, false},
+		{"2 GPUs, switches, default", "0,1", "", 4, true, false},
+		{"2 GPUs, switches, without-nvlink", "0,1", "without-nvlink", 4, false, true},
+		{"1 GPU, switches", "0", "refuse", 4, false, false},
+		{"2 GPUs, no switches", "0,1", "refuse", 0, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := dgx(t, gpu.VFIODriver)
+			for i := 0; i < tc.switches; i++ {
+				h.addPCI(fn{bdf: fmt.Sprintf("0000:%02x:00.0", 0x05+i), class: 0x068000, vendor: 0x10de, device: 0x22a3, group: 60 + i})
+			}
+			p, err := gpu.NewPlan(context.Background(), gpu.Request{
+				StepGPUs: tc.step, GresConf: h.gresConf(gresVFIO), Node: "n1", Roots: h.roots,
+				NVML: gpunvml.NewFrom(&mock.Interface{InitFunc: func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }}),
+				NVSwitch: tc.policy,
+			})
+			if tc.wantErr {
+				if !errors.Is(err, gpu.ErrNVSwitch) || !strings.Contains(err.Error(), "0000:05:00.0") || !strings.Contains(err.Error(), "without NVLink") {
+					t.Fatalf("NewPlan: %v, want ErrNVSwitch naming the switches", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			note := strings.Contains(strings.Join(p.Notes, "\n"), "without NVLink")
+			if note != tc.wantNote {
+				t.Errorf("notes %q: NVLink note %v, want %v", p.Notes, note, tc.wantNote)
+			}
+		})
+	}
 }

@@ -457,3 +457,22 @@ func unixMajor(dev uint64) uint32 {
 func unixMinor(dev uint64) uint32 {
 	return uint32(dev&0xff) | uint32((dev>>12)&^0xff)
 }
+
+// nvSwitches lists the node's NVSwitch functions: NVIDIA (vendor 0x10de)
+// PCI functions of class 0x0680 ("Bridge: NVIDIA Corporation GH100 [H100
+// NVSwitch]" in lspci on HGX H100/H200 baseboards), by address.
+func (r Roots) nvSwitches() []string {
+	ents, err := os.ReadDir(r.sys("bus", "pci", "devices"))
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		vendor, err1 := readHex(r.pciDev(e.Name(), "vendor"), 16)
+		class, err2 := readHex(r.pciDev(e.Name(), "class"), 32)
+		if err1 == nil && err2 == nil && vendor == 0x10de && class>>8 == 0x0680 {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
