@@ -55,6 +55,13 @@ type Policy struct {
 // mount above one (/etc, /run) is refused as it would hide it.
 var BuiltinRefusedDestinations = append(slices.Clone(GuestReserved), "/run/slurm-microvm", GuestHosts)
 
+// GuestGPUDriver is where a GPU step's guest finds the node's user-space
+// GPU driver (lib64/ and bin/, launcher/gpu/driverset): no share may be
+// it or lie below it. Unlike the refused destinations, a share above it
+// (/usr/local) is allowed: the agent binds the driver before the shares,
+// so such a share hides the driver's directories, and only in that step.
+const GuestGPUDriver = "/usr/local/nvidia"
+
 // GuestHosts is the guest's hosts file, which the agent writes (the step's
 // host name) after mounting the shares: no share may be it or hide it.
 const GuestHosts = "/etc/hosts"
@@ -273,6 +280,9 @@ func (p Policy) Plan(u User, spec, origin, step string) ([]Entry, error) {
 	var out []Entry
 	byDst := map[string]int{}
 	for _, e := range all {
+		if underOrAt(e.Destination, GuestGPUDriver) {
+			return nil, e.errorf(ErrRefused, "destination %q is reserved (%s holds the node's GPU driver in GPU steps)", e.Destination, GuestGPUDriver)
+		}
 		if r := p.refused(e.Destination); r != "" {
 			if r != e.Destination && underOrAt(r, e.Destination) {
 				return nil, e.errorf(ErrRefused, "destination %q would hide %s, which is never a mount destination%s: mount a directory below %s instead", e.Destination, r, refusedWhy(r), e.Destination)

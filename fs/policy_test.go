@@ -157,4 +157,15 @@ func TestRefusedAboveReserved(t *testing.T) {
 	if _, err := p.Plan(u, "/home/u:/runner", OptionName, ""); err != nil {
 		t.Errorf("/runner is not /run: %v", err)
 	}
+	// The GPU driver's directory: refused at and below, not above.
+	for _, d := range []string{"/usr/local/nvidia", "/usr/local/nvidia/lib64"} {
+		if _, err := p.Plan(u, "/home/u:"+d, OptionName, ""); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "GPU driver") {
+			t.Errorf("destination %s: err %v, want ErrRefused naming the GPU driver", d, err)
+		}
+	}
+	for _, d := range []string{"/usr/local", "/usr/local/nvidia2"} {
+		if _, err := p.Plan(u, "/home/u:"+d, OptionName, ""); err != nil {
+			t.Errorf("destination %s: %v", d, err)
+		}
+	}
 }

@@ -97,13 +97,15 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 	if err := os.Chmod(tmp, os.ModeSticky|0o777); err != nil {
 		return "", fmt.Errorf("chmod /tmp: %w", err)
 	}
-	if len(req.Mounts) > 0 {
-		if err := mountShares(ctx, req.Mounts); err != nil {
+	// The driver first: a user's share over a parent of its directories
+	// then hides them rather than receiving a mount point.
+	if req.GpuDriver != nil {
+		if err := SetupGPUDriver(ctx, rootDir, req.GpuDriver); err != nil {
 			return "", err
 		}
 	}
-	if req.GpuDriver != nil {
-		if err := SetupGPUDriver(ctx, rootDir, req.GpuDriver); err != nil {
+	if len(req.Mounts) > 0 {
+		if err := mountShares(ctx, req.Mounts); err != nil {
 			return "", err
 		}
 	}
