@@ -20,6 +20,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/driverset"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
@@ -134,10 +135,11 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 	for _, m := range moves {
 		log.Info("moved into step cgroup", "controller", m.Controller, "procs", m.Procs)
 	}
-	sb, err := l.boot(ctx, s, d, log)
+	sb, release, err := l.boot(ctx, s, d, log)
 	if err != nil {
 		return fail(d, err)
 	}
+	defer release()
 	if err := l.phase(ctx, d, "mark the sandbox ready"); err != nil {
 		_ = sb.Stop(context.Background())
 		return fail(d, err)
@@ -234,43 +236,117 @@ const gpuPlanFile = "gpus.json"
 // them if allowed, and returns the PCI machine arguments; nil without GPUs.
 // It runs before anything boots, so a GPU that cannot be passed fails the
 // step with one line naming the device.
-func (l *Launcher) planGPUs(ctx context.Context, s *Spec, d state.Dir, memMiB uint64, cpus int, log *slog.Logger) ([]string, error) {
+//
+// It also returns the number of GPUs the guest gets.
+func (l *Launcher) planGPUs(ctx context.Context, s *Spec, d state.Dir, memMiB uint64, cpus int, log *slog.Logger) ([]string, int, error) {
 	if s.GPUs == "" {
-		return nil, nil
+		return nil, 0, nil
 	}
 	c := l.Config
 	if err := checkAllocated(s.GPUs, c.GPU.GresConf); err != nil {
-		return nil, err
+		return nil, 0, err
+	}
+	if n, ok := standinGPUs(s.GPUs, c.GPU.GresConf); ok {
+		log.Warn("stand-in GPUs: no VFIO passthrough (test build)", "gpus", s.GPUs)
+		return nil, n, nil
 	}
 	plan, err := gpu.NewPlan(ctx, gpu.Request{
 		StepGPUs: s.GPUs, GresConf: c.GPU.GresConf, NVML: gpunvml.New(),
 		AllowRebind: c.GPU.AllowRebind, GuestMemoryMiB: memMiB,
+		NVSwitch: c.GPU.NVSwitch,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+		return nil, 0, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
 	}
 	b, err := json.Marshal(plan)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := state.WriteFileAtomic(d.File(gpuPlanFile), b, 0o644); err != nil {
-		return nil, fmt.Errorf("record GPU plan: %w", err)
+		return nil, 0, fmt.Errorf("record GPU plan: %w", err)
 	}
 	log.Info("GPU mapping", "mapping", plan.Mapping(), "notes", plan.Notes)
 	if err := plan.Bind(ctx); err != nil {
-		return nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+		return nil, 0, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
 	}
 	args, err := plan.QEMUArgs(gpu.Memory{MiB: memMiB, PreallocThreads: cpus})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	// VFIO pins all guest memory; QEMU, run as the job's user, has no
 	// root exemption.
 	lim := (memMiB + 1024) << 20
 	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: lim, Max: lim}); err != nil {
-		return nil, fmt.Errorf("raise RLIMIT_MEMLOCK to %d MiB for VFIO: %w", lim>>20, err)
+		return nil, 0, fmt.Errorf("raise RLIMIT_MEMLOCK to %d MiB for VFIO: %w", lim>>20, err)
 	}
-	return args, nil
+	return args, len(plan.GPUs), nil
+}
+
+// gpuDriverFile records the step's GPU driver set (JSON) for inspection.
+const gpuDriverFile = "gpu-driver.json"
+
+// planGPUDriver finds the node's GPU driver set for the guest kernel
+// (launcher/gpu/driverset), builds or reuses its cached copy, and returns
+// it for a guest with gpus GPUs, with the function that closes it and
+// lets the cache prune it again. nil without injection
+// (gpu.driver.inject = false). A node without a usable driver set fails
+// the step here, before anything boots, with one line naming what is
+// missing.
+func (l *Launcher) planGPUDriver(ctx context.Context, s *Spec, d state.Dir, gpus int, log *slog.Logger) (*driver.GPUDriver, func(), error) {
+	c := l.Config.GPU.Driver
+	if c.Inject != nil && !*c.Inject {
+		log.Info("GPU driver not injected (gpu.driver.inject = false): the guest must drive its GPUs")
+		return nil, func() {}, nil
+	}
+	rel, err := assets.GuestKernelRelease(l.Config.QEMU.Kernel)
+	if err != nil {
+		return nil, nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+	}
+	set, err := driverset.Discover(ctx, driverset.Options{Root: c.Root, KernelRelease: rel, Modules: c.Modules, Params: c.Params})
+	if err != nil {
+		return nil, nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+	}
+	built, err := driverset.Build(ctx, set, filepath.Join(l.Config.CacheDir, "drivers"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("GPUs %s: build the driver set: %w", s.GPUs, err)
+	}
+	release, err := driverset.Use(built)
+	if err != nil {
+		return nil, nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+	}
+	dir, err := os.OpenFile(built.Dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		release()
+		return nil, nil, fmt.Errorf("GPUs %s: open the driver set: %w", s.GPUs, err)
+	}
+	done := func() { dir.Close(); release() }
+	rec := struct {
+		Set   *driverset.Set         `json:"set"`
+		Built *driverset.Built       `json:"built"`
+		Nodes []driverset.DeviceNode `json:"devices"`
+	}{Set: set, Built: built}
+	g := &driver.GPUDriver{
+		Dir: dir, FirmwareDir: built.FirmwareDir,
+		LibDir: built.LibDir, BinDir: built.BinDir,
+		GuestLibDir: driverset.GuestLibDir, GuestBinDir: driverset.GuestBinDir,
+	}
+	var names []string
+	for _, m := range built.Modules {
+		g.Modules = append(g.Modules, driver.KernelModule{Name: m.Name, File: m.File, Params: m.Params})
+		names = append(names, m.Name)
+	}
+	rec.Nodes = driverset.DeviceNodes(gpus, names)
+	for _, n := range rec.Nodes {
+		g.Devices = append(g.Devices, driver.DeviceNode{Path: n.Path, MajorName: n.MajorName, FallbackMajor: n.FallbackMajor, Minor: n.Minor, Mode: n.Mode})
+	}
+	if b, err := json.Marshal(rec); err == nil {
+		if err := state.WriteFileAtomic(d.File(gpuDriverFile), b, 0o644); err != nil {
+			done()
+			return nil, nil, fmt.Errorf("record GPU driver set: %w", err)
+		}
+	}
+	log.Info("GPU driver", "set", set.Summary(), "dir", built.Dir, "notes", set.Notes)
+	return g, done, nil
 }
 
 // checkAllocated verifies the step's GPUs against Slurm's own record of
@@ -365,23 +441,41 @@ func releaseGPUs(ctx context.Context, d state.Dir) error {
 }
 
 // boot resolves the image and the guest assets and starts the sandbox.
-func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Logger) (driver.Sandbox, error) {
+func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Logger) (driver.Sandbox, func(), error) {
 	c := l.Config
 	cpus := GuestCPUs(s, os.Getpid())
 	memMiB, err := GuestMemoryMiB(s, cpus, c.Resources)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	accel := qemu.ResolveAccel(c.QEMU.Accel)
 	if err := l.phase(ctx, d, "plan GPUs"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	machine, err := l.planGPUs(ctx, s, d, memMiB, cpus, log)
+	machine, gpus, err := l.planGPUs(ctx, s, d, memMiB, cpus, log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	var gpuDriver *driver.GPUDriver
+	done := func() {}
+	if gpus > 0 {
+		if err := l.phase(ctx, d, "prepare the GPU driver"); err != nil {
+			return nil, nil, err
+		}
+		if gpuDriver, done, err = l.planGPUDriver(ctx, s, d, gpus, log); err != nil {
+			return nil, nil, err
+		}
+	}
+	// Held while the sandbox runs (the cache prunes no set in use); the
+	// directory itself the VMM holds once started.
+	started := false
+	defer func() {
+		if !started {
+			done()
+		}
+	}()
 	if err := l.phase(ctx, d, "create scratch and open shares"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var vfioFiles []string // the VMM opens them by name, as the job's uid
 	if machine != nil {
@@ -394,15 +488,15 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	}
 	shares, err := l.resolveMounts(ctx, s, log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// QEMU holds its own descriptors once started.
 	defer shares.Close()
 	if machine != nil && accel != "kvm" {
-		return nil, fmt.Errorf("GPUs %s: VFIO passthrough needs KVM, and QEMU runs under %s on this node (no kvm_intel or kvm_amd loaded)", s.GPUs, accel)
+		return nil, nil, fmt.Errorf("GPUs %s: VFIO passthrough needs KVM, and QEMU runs under %s on this node (no kvm_intel or kvm_amd loaded)", s.GPUs, accel)
 	}
 	if err := l.phase(ctx, d, "prepare the image"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	t0 := time.Now()
 	img, err := image.Prepare(ctx, s.Image, image.Options{
@@ -412,15 +506,15 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		Limits:    imageLimits(c.Images),
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	log.Info("image ready", "image", s.Image, "digest", img.Digest, "disk", img.Disk, "ms", time.Since(t0).Milliseconds())
 	if err := l.phase(ctx, d, "check MPI"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	mpiShare, err := l.planMPI(ctx, s, d, img.Disk, log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sharesForVM := shares.driverShares()
 	if mpiShare != nil {
@@ -433,7 +527,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		CacheDir: filepath.Join(c.CacheDir, "assets"), Logger: log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("guest assets: %w", err)
+		return nil, nil, fmt.Errorf("guest assets: %w", err)
 	}
 	drv := qemu.New(qemu.Options{
 		Binary: c.QEMU.Binary, Accel: accel,
@@ -445,18 +539,23 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		StopGrace:   c.Timeouts.StopGrace.Duration,
 	})
 	if err := l.phase(ctx, d, "boot"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	log.Info("booting", "driver", drv.Name(), "accel", accel, "vcpus", cpus, "memory_mib", memMiB, "kernel", a.KernelVersion)
-	return drv.Start(ctx, driver.SandboxConfig{
+	sb, err := drv.Start(ctx, driver.SandboxConfig{
 		ID: s.ID.String(), StateDir: d.Path(),
 		CPUs: cpus, MemoryMiB: memMiB, OverlayMiB: OverlayMiB(memMiB, c.Resources),
 		RootDisk: img.Disk, ImageEnv: img.Config.Env, ImageWorkdir: img.Config.WorkingDir,
 		User: s.User, UID: s.UID, GID: s.GID, Groups: s.Groups,
 		Hostname: s.Hostname, Debug: s.Debug, Logger: log,
 		PCI: machine != nil, MachineArgs: machine, DeviceFiles: vfioFiles,
-		Shares: sharesForVM,
+		Shares: sharesForVM, GPUDriver: gpuDriver,
 	})
+	if err != nil {
+		return nil, nil, err
+	}
+	started = true
+	return sb, done, nil
 }
 
 // Stop ends the step's sandbox and removes its state. It first marks the

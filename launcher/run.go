@@ -33,10 +33,11 @@ func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio S
 		}()
 	}
 	log := l.log().With("step", s.ID.String())
-	sb, err := l.boot(ctx, s, d, log)
+	sb, release, err := l.boot(ctx, s, d, log)
 	if err != nil {
 		return driver.ExitStatus{}, err
 	}
+	defer release()
 	defer sb.Stop(context.Background())
 	if err := sb.Listen(); err != nil {
 		return driver.ExitStatus{}, err

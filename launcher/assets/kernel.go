@@ -322,3 +322,22 @@ func elfInterpreter(p string) (string, error) {
 	}
 	return "", nil
 }
+
+// GuestKernelRelease is the release (`uname -r` in the guest) of the
+// kernel Ensure would boot for kernelImage ("" picks it as Ensure does:
+// NewestKernel of /boot and /lib/modules). It reads only the bzImage's
+// setup header.
+func GuestKernelRelease(kernelImage string) (string, error) {
+	if kernelImage == "" {
+		k, err := NewestKernel(DefaultBootDir, DefaultModulesRoot)
+		if err != nil {
+			return "", fmt.Errorf("guest kernel: %w", err)
+		}
+		kernelImage = k
+	}
+	b, err := ReadBzImage(kernelImage)
+	if err != nil {
+		return "", err
+	}
+	return b.Version, nil
+}

@@ -165,3 +165,20 @@ func TestVersionLess(t *testing.T) {
 		}
 	}
 }
+
+func TestGuestKernelRelease(t *testing.T) {
+	k, err := NewestKernel(DefaultBootDir, DefaultModulesRoot)
+	if err != nil {
+		prereq.Missing(t, "no Debian kernel in /boot: %v", err)
+	}
+	rel, err := GuestKernelRelease("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.TrimPrefix(filepath.Base(k), "vmlinuz-"); rel != want {
+		t.Errorf("GuestKernelRelease = %q, want %q (from %s)", rel, want, k)
+	}
+	if _, err := GuestKernelRelease("/etc/hostname"); err == nil {
+		t.Error("a file that is not a bzImage gave a release")
+	}
+}

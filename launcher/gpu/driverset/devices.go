@@ -1,6 +1,10 @@
 package driverset
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/slurm-microvm/slurm-microvm/fs"
+)
 
 // NVIDIA's device numbering, as nvidia-modprobe(1) creates the nodes (the
 // driver makes none itself): GPUs and the control device on the fixed
@@ -54,3 +58,12 @@ func DeviceNodes(gpus int, modules []string) []DeviceNode {
 	}
 	return out
 }
+
+// Where a guest finds the user-space driver: NVIDIA's CUDA images already
+// search these (their ENV has LD_LIBRARY_PATH=/usr/local/nvidia/lib64 and
+// PATH=/usr/local/nvidia/bin:...), as the Kubernetes GPU device plugin's
+// volume did; the agent puts them first for every process anyway.
+const (
+	GuestLibDir = fs.GuestGPUDriver + "/lib64"
+	GuestBinDir = fs.GuestGPUDriver + "/bin"
+)

@@ -121,3 +121,12 @@ type BuiltModule struct {
 func Build(ctx context.Context, s *Set, cacheDir string) (*Built, error) {
 	return nil, errors.New("driverset: Build not implemented yet")
 }
+
+// Use marks b in use for a step's life (a shared flock on its .inuse
+// file): Build's pruning skips it. release ends the use.
+func Use(b *Built) (release func(), err error) {
+	return nil, errors.New("driverset: Use not implemented yet")
+}
+
+// Summary is s on one line for logs.
+func (s *Set) Summary() string { return s.Version + " for " + s.KernelRelease }
