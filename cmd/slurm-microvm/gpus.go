@@ -8,7 +8,10 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/driverset"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
 )
 
@@ -32,6 +35,8 @@ func gpusCommand() *cli.Command {
 			&cli.PathFlag{Name: "dev-root", Value: "/dev", Usage: "where /dev is"},
 			&cli.BoolFlag{Name: "allow-rebind", Usage: "judge GPUs as a node that lets slurm-microvm rebind them to vfio-pci would"},
 			&cli.BoolFlag{Name: "no-nvml", Usage: "do not load libnvidia-ml"},
+			&cli.PathFlag{Name: "driver-root", Usage: "where the NVIDIA driver is installed (default: gpu.driver.root of the configuration)"},
+			&cli.StringFlag{Name: "kernel-release", Usage: "guest kernel release to find the driver's modules for (default: the kernel guests boot)"},
 		},
 		Action: func(c *cli.Context) error {
 			req := gpu.InspectRequest{
@@ -42,6 +47,11 @@ func gpusCommand() *cli.Command {
 				req.NVML = gpunvml.New()
 			}
 			rep := gpu.Inspect(c.Context, req)
+			cfg, err := loadConfig(c, true)
+			if err != nil {
+				return cli.Exit("gpus: "+err.Error(), 1)
+			}
+			rep.Driver = inspectDriver(c, cfg)
 			if c.Bool("json") {
 				enc := json.NewEncoder(c.App.Writer)
 				enc.SetIndent("", "  ")
@@ -61,6 +71,31 @@ func gpusCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// inspectDriver finds the driver set a GPU step of this node would get,
+// as the launcher does at step start (launcher.planGPUDriver).
+func inspectDriver(c *cli.Context, cfg *config.Config) *gpu.DriverReport {
+	d := cfg.GPU.Driver
+	r := &gpu.DriverReport{Inject: d.Inject == nil || *d.Inject, Root: d.Root, KernelRelease: c.String("kernel-release")}
+	if c.IsSet("driver-root") {
+		r.Root = c.String("driver-root")
+	}
+	if r.KernelRelease == "" {
+		rel, err := assets.GuestKernelRelease(cfg.QEMU.Kernel)
+		if err != nil {
+			r.Error = err.Error()
+			return r
+		}
+		r.KernelRelease = rel
+	}
+	set, err := driverset.Discover(c.Context, driverset.Options{Root: r.Root, KernelRelease: r.KernelRelease, Modules: d.Modules, Params: d.Params})
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	r.Set = set
+	return r
 }
 
 func printGPUReport(w io.Writer, r *gpu.Report) {
@@ -124,6 +159,46 @@ func printGPUReport(w io.Writer, r *gpu.Report) {
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	printDriver(w, r.Driver)
+}
+
+// printDriver shows the driver set GPU steps get.
+func printDriver(w io.Writer, d *gpu.DriverReport) {
+	if d == nil {
+		return
+	}
+	if !d.Inject {
+		fmt.Fprintln(w, "driver: not injected (gpu.driver.inject = false): the guest kernel and the image drive the GPUs")
+		return
+	}
+	if d.Error != "" {
+		fmt.Fprintf(w, "driver: FAIL (root %s, guest kernel %s): %s\n", d.Root, orNone(d.KernelRelease), d.Error)
+		return
+	}
+	s := d.Set
+	fmt.Fprintf(w, "driver: %s (root %s)\n", s.Version, d.Root)
+	if s.LoadedVersion != "" {
+		fmt.Fprintf(w, "  loaded on the node: %s\n", s.LoadedVersion)
+	}
+	for _, m := range s.Modules {
+		fmt.Fprintf(w, "  module %-16s %s", m.Name, m.Path)
+		if m.Params != "" {
+			fmt.Fprintf(w, " (%s)", m.Params)
+		}
+		fmt.Fprintln(w)
+	}
+	for _, f := range s.Firmware {
+		fmt.Fprintf(w, "  firmware %s\n", f.Path)
+	}
+	for _, l := range s.Libraries {
+		fmt.Fprintf(w, "  library %-28s %s\n", l.Soname, l.Path)
+	}
+	for _, b := range s.Binaries {
+		fmt.Fprintf(w, "  tool %s\n", b.Path)
+	}
+	for _, n := range s.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
 	}
 }
 

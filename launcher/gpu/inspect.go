@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/driverset"
 )
 
 // InspectRequest is what Inspect looks at; fields as in Request.
@@ -41,6 +43,21 @@ type Report struct {
 	// NoGPUs says why no GPU is listed ("" when some are).
 	NoGPUs string   `json:"no_gpus,omitempty"`
 	Notes  []string `json:"notes,omitempty"`
+	// Driver is the driver set a GPU step would get (filled by the
+	// caller, which knows the guest kernel; nil when not asked).
+	Driver *DriverReport `json:"driver,omitempty"`
+}
+
+// DriverReport is the node's GPU driver as a GPU step's guest would get it
+// (package driverset), or why it cannot.
+type DriverReport struct {
+	// Inject is gpu.driver.inject: false means guests get no driver.
+	Inject        bool           `json:"inject"`
+	Root          string         `json:"root"`
+	KernelRelease string         `json:"kernel_release,omitempty"`
+	Set           *driverset.Set `json:"set,omitempty"`
+	// Error says why the set cannot be built on this node ("" when it can).
+	Error string `json:"error,omitempty"`
 }
 
 // Check is one host check.
@@ -108,6 +125,9 @@ func (r *Report) Err() error {
 	}
 	if bad > 0 {
 		return fmt.Errorf("%d of %d configured GPU(s) cannot be passed through now", bad, len(r.GPUs))
+	}
+	if d := r.Driver; d != nil && d.Inject && d.Error != "" && len(r.GPUs) > 0 {
+		return fmt.Errorf("GPU steps would fail: %s", d.Error)
 	}
 	return nil
 }
