@@ -63,6 +63,10 @@ type Options struct {
 	// FakeGPUs, when > 0, creates /dev/fakegpu0..N-1 (char 195:i) and
 	// declares Gres=gpu:fake:N.
 	FakeGPUs int
+	// StandinGPUs, when > 0, creates StandinGPUs more such devices
+	// (/dev/fakegpuN..) and declares them Gres=gpu:standin:M: the e2e
+	// build of the launcher boots their steps without VFIO.
+	StandinGPUs int
 	// PlugstackLine is written as plugstack.conf (may hold several lines),
 	// e.g. "required /usr/lib/slurm-microvm/spank_microvm.so".
 	PlugstackLine string
@@ -174,6 +178,7 @@ func Up(t testing.TB, opts Options) *Cluster {
 	env = append(env,
 		"PATH="+cleanPath, // sbin too, whatever PATH the test runs with
 		"FAKE_GPUS="+strconv.Itoa(opts.FakeGPUs),
+		"STANDIN_GPUS="+strconv.Itoa(opts.StandinGPUs),
 		"PLUGSTACK_LINE="+opts.PlugstackLine,
 		"SLURM_CONF_EXTRA="+opts.ConfExtra,
 		"UP_TIMEOUT="+strconv.Itoa(int(startTimeout.Seconds())),

@@ -18,6 +18,9 @@
 # Environment (all optional):
 #   FAKE_GPUS=N          mknod /dev/fakegpu0..N-1 (char 195:i) and declare
 #                        Gres=gpu:fake:N with a gres.conf
+#   STANDIN_GPUS=M       M more such devices (/dev/fakegpuN..N+M-1), declared
+#                        Type=standin: the e2e build of the launcher boots
+#                        their steps without VFIO (launcher/gpu_standin.go)
 #   PLUGSTACK_LINE=...   content of plugstack.conf (e.g. "required /path/x.so")
 #   SLURM_CONF_EXTRA=... lines appended to slurm.conf (do not repeat keys
 #                        written here, SchedulerParameters included)
@@ -46,11 +49,15 @@ NODE=${NODE_NAME:-$(hostname -s)}
 CTLD_PORT=${SLURMCTLD_PORT:-6817}
 SLURMD_PORT=${SLURMD_PORT:-6818}
 FAKE_GPUS=${FAKE_GPUS:-0}
+STANDIN_GPUS=${STANDIN_GPUS:-0}
 DEBUG=${SLURM_DEBUG:-info}
 TIMEOUT=${UP_TIMEOUT:-60}
 TEST_USER=${TEST_USER:-microvmtest}
 [[ $FAKE_GPUS =~ ^[0-9]+$ ]] || die "FAKE_GPUS=$FAKE_GPUS: want a number of fake GPUs (0-63)"
 (( FAKE_GPUS <= 64 )) || die "FAKE_GPUS=$FAKE_GPUS: at most 64"
+[[ $STANDIN_GPUS =~ ^[0-9]+$ ]] && (( FAKE_GPUS + STANDIN_GPUS <= 64 )) ||
+	die "STANDIN_GPUS=$STANDIN_GPUS: want a number, with FAKE_GPUS at most 64 in all"
+ALL_GPUS=$((FAKE_GPUS + STANDIN_GPUS))
 
 MUNGE_SOCKET=$STATE/munge/munge.socket
 # sun_path holds 108 bytes including the NUL.
@@ -179,8 +186,8 @@ alive() { # alive NAME: the recorded daemon still runs
 }
 
 # --- fake GPUs ------------------------------------------------------------------
-if (( FAKE_GPUS > 0 )); then
-	for ((i = 0; i < FAKE_GPUS; i++)); do
+if (( ALL_GPUS > 0 )); then
+	for ((i = 0; i < ALL_GPUS; i++)); do
 		d=/dev/fakegpu$i
 		if [[ -e $d ]]; then
 			[[ -c $d && $(stat -c '%t:%T' "$d") == "c3:$(printf %x "$i")" ]] ||
@@ -230,7 +237,10 @@ SELECT_PARAMS=${SELECT_TYPE_PARAMETERS:-CR_Core_Memory}
 DEF_MEM=
 [[ $SELECT_PARAMS == *Memory* ]] && DEF_MEM="DefMemPerCPU=$((MEM / CPUS))"
 NODE_GRES="" GRES_TYPES="#GresTypes="
-if (( FAKE_GPUS > 0 )); then NODE_GRES=" Gres=gpu:fake:$FAKE_GPUS" GRES_TYPES="GresTypes=gpu"; fi
+gres=()
+(( FAKE_GPUS > 0 )) && gres+=("gpu:fake:$FAKE_GPUS")
+(( STANDIN_GPUS > 0 )) && gres+=("gpu:standin:$STANDIN_GPUS")
+if (( ALL_GPUS > 0 )); then NODE_GRES=" Gres=$(IFS=,; echo "${gres[*]}")" GRES_TYPES="GresTypes=gpu"; fi
 NODE_HOST=""
 if [[ $NODE != "$(hostname -s)" ]]; then NODE_HOST=" NodeHostname=$(hostname -s)"; fi
 
@@ -295,14 +305,17 @@ ConstrainDevices=yes
 EOF
 fi
 
-if (( FAKE_GPUS > 0 )); then
-	last=$((FAKE_GPUS - 1))
-	files=/dev/fakegpu0
-	(( last > 0 )) && files="/dev/fakegpu[0-$last]"
-	cat >"$STATE/etc/gres.conf" <<EOF
-AutoDetect=off
-NodeName=$NODE Name=gpu Type=fake File=$files
-EOF
+# gres.conf: File= names of devices first..first+n-1.
+gres_files() {
+	local first=$1 last=$(($1 + $2 - 1))
+	if (( last > first )); then echo "/dev/fakegpu[$first-$last]"; else echo "/dev/fakegpu$first"; fi
+}
+if (( ALL_GPUS > 0 )); then
+	{
+		echo "AutoDetect=off"
+		if (( FAKE_GPUS > 0 )); then echo "NodeName=$NODE Name=gpu Type=fake File=$(gres_files 0 "$FAKE_GPUS")"; fi
+		if (( STANDIN_GPUS > 0 )); then echo "NodeName=$NODE Name=gpu Type=standin File=$(gres_files "$FAKE_GPUS" "$STANDIN_GPUS")"; fi
+	} >"$STATE/etc/gres.conf"
 fi
 
 printf '%s\n' "${PLUGSTACK_LINE:-}" >"$STATE/etc/plugstack.conf"

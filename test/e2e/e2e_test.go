@@ -260,7 +260,7 @@ func TestE2E(t *testing.T) {
 			args []string
 		}{
 			{"without --gres", nil},
-			{"beside --gres=gpu:1", []string{"--gres=gpu:1"}},
+			{"beside --gres=gpu:fake:1", []string{"--gres=gpu:fake:1"}},
 		} {
 			e.Run(t, tc.name, func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -355,7 +355,7 @@ func TestE2E(t *testing.T) {
 	})
 
 	e.Run(t, "GPU step on a host without VFIO fails cleanly before booting", func(t *testing.T) {
-		out, errOut, code := e.Srun(t, "", "--gres=gpu:2", img, "sh", "-c", "echo SHOULD-NOT-RUN")
+		out, errOut, code := e.Srun(t, "", "--gres=gpu:fake:2", img, "sh", "-c", "echo SHOULD-NOT-RUN")
 		if code == 0 || strings.Contains(out, "SHOULD-NOT-RUN") {
 			t.Fatalf("exit %d, stdout %q: the step must fail", code, out)
 		}

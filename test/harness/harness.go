@@ -33,6 +33,12 @@ const (
 	ScratchDir = cluster.BaseDir + "/scratch"
 	Root       = cluster.BaseDir + "/install"
 	RuntimeDir = "/run/slurm-microvm-e2e"
+	// GPUDriverRoot is gpu.driver.root: where a GPU test installs the
+	// stand-in NVIDIA driver (test/fixture/nvstandin); absent until then,
+	// so a GPU step first finds no driver.
+	GPUDriverRoot = cluster.BaseDir + "/nvdriver"
+	// GPUDriverParams are the nvidia module's parameters in the config.
+	GPUDriverParams = "NVreg_StandinParam=from-site-config"
 	CacheDir   = "/var/cache/slurm-microvm-e2e"
 )
 
@@ -73,10 +79,19 @@ func Setup(t testing.TB, clusterEnv ...string) *Env {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("make build: %v\n%s", err, out)
 	}
-	for _, f := range []string{"slurm-microvm", "slurm-microvm-agent", "spank_microvm.so"} {
+	for _, f := range []string{"slurm-microvm-agent", "spank_microvm.so"} {
 		if err := InstallFile(filepath.Join(repo, "bin", f), filepath.Join(bin, f), 0o755); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The launcher under test is the stand-in build (tag smv_gpu_standin,
+	// launcher/gpu_standin.go): gres.conf's Type=standin GPUs boot without
+	// VFIO, which this machine cannot do. It is built here, never into
+	// the repository's bin/, so `make install` never installs it.
+	standin := exec.Command("go", "build", "-trimpath", "-tags", "smv_gpu_standin", "-o", filepath.Join(bin, "slurm-microvm"), "./cmd/slurm-microvm")
+	standin.Dir = repo
+	if out, err := standin.CombinedOutput(); err != nil {
+		t.Fatalf("build the stand-in launcher: %v\n%s", err, out)
 	}
 	if err := os.Symlink("slurm-microvm", filepath.Join(bin, "slurm-microvm-exec")); err != nil {
 		t.Fatal(err)
@@ -95,11 +110,16 @@ boot = "120s"
 stop_grace = "3s"
 [gpu]
 gres_conf = %q
+[gpu.driver]
+root = %q
+[gpu.driver.params]
+nvidia = %q
 [mounts]
 allowed = [%q]
 writable = [%q]
 scratch_base = %q
 `, RuntimeDir, CacheDir, filepath.Join(bin, "slurm-microvm-agent"), filepath.Join(cluster.DefaultDir, "etc", "gres.conf"),
+		GPUDriverRoot, GPUDriverParams,
 		DataDir, filepath.Join(DataDir, "rw"), ScratchDir)
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
@@ -134,9 +154,11 @@ scratch_base = %q
 	e.HostBoot = strings.TrimSpace(string(b))
 
 	plug := fmt.Sprintf("required %s launcher=%s config=%s", filepath.Join(bin, "spank_microvm.so"), e.Launcher, cfg)
-	// Two fake GPUs (character devices 195:N, as Slurm requires) for the
-	// GPU steps; steps without --gres are unaffected.
-	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2, Env: clusterEnv})
+	// Two fake GPUs (character devices 195:N, as Slurm requires; no
+	// device backs them) and two stand-in ones (gpu:standin, booted
+	// without VFIO by the stand-in build) for the GPU steps; steps
+	// without --gres are unaffected.
+	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2, StandinGPUs: 2, Env: clusterEnv})
 	u, err := user.Lookup(cluster.TestUser)
 	if err != nil {
 		t.Fatal(err)
