@@ -33,6 +33,7 @@ PACKAGES=(
 	docker-registry                   # local OCI registry for image tests
 	protobuf-compiler                 # agent protocol
 	gcc libc6-dev make pkg-config     # cgo, the SPANK plugin
+	xz-utils zstd gzip                # compressed kernel modules (test/fixture/nvstandin)
 	git ca-certificates curl unzip    # sources, Go toolchain download
 	iproute2 procps util-linux passwd hostname # ss, ps, setsid/setpriv, useradd: test cluster scripts
 )
@@ -75,6 +76,21 @@ else
 		DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
 		if [[ -n $policy ]]; then rm -f "$policy"; trap - EXIT; fi
 		log "installed ${#missing[@]} packages"
+	fi
+
+	# The guest kernel's headers (the newest /boot/vmlinuz-* with
+	# /lib/modules, as launcher/assets picks it): test/fixture/nvstandin
+	# builds its stand-in NVIDIA kernel modules against them.
+	rel=$(for k in /boot/vmlinuz-*; do
+		r=${k#/boot/vmlinuz-}
+		if [[ -f $k && -d /lib/modules/$r ]]; then echo "$r"; fi
+	done | sort -V | tail -1)
+	if [[ -z $rel ]]; then
+		log "warning: no /boot/vmlinuz-* with /lib/modules: no kernel headers installed"
+	elif ! dpkg-query -W -f='${Status}\n' "linux-headers-$rel" 2>/dev/null | grep -q '^install ok installed$'; then
+		log "installing linux-headers-$rel (the guest kernel's)"
+		((${#missing[@]} > 0)) || apt-get update
+		DEBIAN_FRONTEND=noninteractive apt-get install -y "linux-headers-$rel"
 	fi
 fi
 
