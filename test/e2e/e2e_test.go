@@ -394,6 +394,8 @@ func TestE2E(t *testing.T) {
 		}
 	})
 
+	e.Run(t, "GPU driver", func(t *testing.T) { gpuDriverTests(t, e) })
+
 	e.Run(t, "mounts", func(t *testing.T) { mountTests(t, e) })
 
 	e.Run(t, "MPI", func(t *testing.T) { mpiTests(t, e) })
@@ -498,7 +500,7 @@ func trapLoop(sig string) string {
 // in a step's state, a VFIO device on a QEMU command line.
 func gpuEvidence() []string {
 	var out []string
-	plans, _ := filepath.Glob(harness.RuntimeDir + "/*/gpus.json")
+	plans, _ := filepath.Glob(harness.RuntimeDir + "/*/gpu*.json")
 	for _, p := range plans {
 		b, _ := os.ReadFile(p)
 		out = append(out, "GPU plan "+p+": "+string(b))
