@@ -113,8 +113,21 @@
 //     error file: "SLURM_STEP_GPUS=0,1: GPU 0 (/dev/vfio/12): IOMMU group 12
 //     does not exist on this host ...; GPU 1 ...".
 //
-// Not done here: NVLink inside the VM (HGX boards need the NVSwitches passed
-// too, or Fabric Manager's shared-NVSwitch mode on the host), GPUDirect P2P
-// cliques (vfio-pci x-nv-gpudirect-clique), hugepages by default, and the
-// guest kernel's NVIDIA driver (the image's business).
+//   - NVSwitch: a node whose PCI bus has NVIDIA class 0x0680 functions
+//     (HGX NVSwitches) gets its multi-GPU steps refused (ErrNVSwitch,
+//     Request.NVSwitch "refuse", the default) unless the site accepts
+//     PCIe-only peer traffic ("without-nvlink", a plan note). The switches
+//     serve every GPU of the baseboard, so they cannot follow one step's
+//     GPUs into its VM; running without NVLink silently would be a
+//     performance trap. One-GPU steps need no NVLink and pass.
+//
+// The guest's NVIDIA driver comes from the node (package driverset,
+// launcher.planGPUDriver), not from the image.
+//
+// Not done here: NVLink inside the VM (the whole baseboard to one VM, or
+// Fabric Manager's shared-NVSwitch mode on the host with partitions
+// activated per step), GPUDirect P2P cliques (vfio-pci
+// x-nv-gpudirect-clique), hugepages by default, and MIG or time-sliced
+// sharing (a VM gets whole PCI functions; NVIDIA vGPU's SR-IOV virtual
+// functions would be passed like any other).
 package gpu
