@@ -141,7 +141,7 @@ func TestDiscoverLayouts(t *testing.T) {
 			name:   "Debian nvidia-kernel-dkms",
 			layout: debianDKMS,
 			want: want{
-				modules: []string{"nvidia=usr/" + md + "updates/dkms/nvidia-current.ko", "nvidia_uvm=usr/" + md + "updates/dkms/nvidia-current-uvm.ko"},
+				modules:  []string{"nvidia=usr/" + md + "updates/dkms/nvidia-current.ko", "nvidia_uvm=usr/" + md + "updates/dkms/nvidia-current-uvm.ko"},
 				firmware: []string{"firmware/" + gsp[0] + "=usr/lib/firmware/" + gsp[0]},
 				libraries: sortedLibs(func() []string {
 					var out []string

@@ -22,8 +22,8 @@ import (
 //     uint32 nlibs, nlibs 12-byte entries {int32 flags; uint32 key, value},
 //     then the new layout above at the next 8-byte boundary.
 const (
-	ldCacheMagicOld = "ld.so-1.7.0"
-	ldCacheMagicNew = "glibc-ld.so.cache1.1"
+	ldCacheMagicOld  = "ld.so-1.7.0"
+	ldCacheMagicNew  = "glibc-ld.so.cache1.1"
 	ldCacheHeaderNew = 48
 	ldCacheEntryNew  = 24
 	ldCacheEntryOld  = 12
