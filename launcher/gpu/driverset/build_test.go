@@ -250,7 +250,6 @@ func TestBuildPruneKeepsInUse(t *testing.T) {
 	if _, err := Use(b1); err == nil {
 		t.Errorf("Use of a pruned entry succeeded")
 	}
-	// Use of an entry removed after it was opened but before the lock.
 	r5, err := Use(b5)
 	if err != nil {
 		t.Fatal(err)
