@@ -1,9 +1,6 @@
 package driverset
 
-import (
-	"context"
-	"errors"
-)
+import "errors"
 
 // DefaultModules are the kernel modules a GPU step loads unless the site
 // configures others (gpu.driver.modules): the core driver and unified
@@ -87,13 +84,6 @@ type Library struct {
 // usable driver set for the guest kernel.
 var ErrNoDriver = errors.New("no usable NVIDIA driver set")
 
-// Discover finds the driver set of o.Root for o.KernelRelease. It reads
-// only; errors wrap ErrNoDriver and name what is missing and where it was
-// looked for.
-func Discover(ctx context.Context, o Options) (*Set, error) {
-	return nil, errors.New("driverset: Discover not implemented yet")
-}
-
 // Built is a set copied into the cache, immutable, shared read-only into
 // guests. Rel paths are relative to Dir.
 type Built struct {
@@ -108,6 +98,9 @@ type Built struct {
 	// LibDir holds the libraries and their soname links; BinDir the tools.
 	LibDir string `json:"lib_dir"`
 	BinDir string `json:"bin_dir"`
+	// Notes are facts of this build an admin should know that did not stop
+	// it (an old entry that could not be removed).
+	Notes []string `json:"notes,omitempty"`
 }
 
 // BuiltModule is a module file of a built set.
@@ -116,17 +109,3 @@ type BuiltModule struct {
 	File   string `json:"file"`
 	Params string `json:"params,omitempty"`
 }
-
-// Build copies s into cacheDir/<key> (or finds it there) and returns it.
-func Build(ctx context.Context, s *Set, cacheDir string) (*Built, error) {
-	return nil, errors.New("driverset: Build not implemented yet")
-}
-
-// Use marks b in use for a step's life (a shared flock on its .inuse
-// file): Build's pruning skips it. release ends the use.
-func Use(b *Built) (release func(), err error) {
-	return nil, errors.New("driverset: Use not implemented yet")
-}
-
-// Summary is s on one line for logs.
-func (s *Set) Summary() string { return s.Version + " for " + s.KernelRelease }
