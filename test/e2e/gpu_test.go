@@ -35,15 +35,33 @@ func gpuDriverTests(t *testing.T, e *harness.Env) {
 	t.Cleanup(func() { _ = os.RemoveAll(harness.GPUDriverRoot) })
 
 	e.Run(t, "a GPU step on a node without a driver set fails before boot", func(t *testing.T) {
-		out, errOut, code := e.Srun(t, cluster.TestUser, "--gres=gpu:standin:1", "--microvm="+e.Image, "echo", "SHOULD-NOT-RUN")
-		if code == 0 || strings.Contains(out, "SHOULD-NOT-RUN") {
-			t.Fatalf("exit %d, stdout %q: the step must fail", code, out)
-		}
-		if !strings.Contains(errOut, "NVIDIA") || !strings.Contains(errOut, e.Kernel) || !strings.Contains(errOut, harness.GPUDriverRoot) {
-			t.Errorf("stderr %q: want one line naming the missing NVIDIA driver, the guest kernel %s and the root looked in", errOut, e.Kernel)
-		}
-		if strings.Contains(errOut, "console") {
-			t.Errorf("stderr %q: no VM may boot", errOut)
+		for _, tc := range []struct {
+			name  string
+			setup func() error
+			want  []string
+		}{
+			{"no driver root", func() error { return nil }, []string{harness.GPUDriverRoot, "does not exist", "gpu.driver.root"}},
+			{"no modules for the guest kernel", func() error { return os.MkdirAll(harness.GPUDriverRoot, 0o755) },
+				[]string{"NVIDIA kernel modules are not built for the guest kernel " + e.Kernel, harness.GPUDriverRoot + "/lib/modules/" + e.Kernel}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				if err := tc.setup(); err != nil {
+					t.Fatal(err)
+				}
+				out, errOut, code := e.Srun(t, cluster.TestUser, "--gres=gpu:standin:1", "--microvm="+e.Image, "echo", "SHOULD-NOT-RUN")
+				if code == 0 || strings.Contains(out, "SHOULD-NOT-RUN") {
+					t.Fatalf("exit %d, stdout %q: the step must fail", code, out)
+				}
+				first := lineWith(errOut, "slurm-microvm: ")
+				for _, w := range tc.want {
+					if !strings.Contains(first, w) {
+						t.Errorf("stderr %q: want one line with %q", errOut, w)
+					}
+				}
+				if strings.Contains(errOut, "console") {
+					t.Errorf("stderr %q: no VM may boot", errOut)
+				}
+			})
 		}
 	})
 

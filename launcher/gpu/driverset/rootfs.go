@@ -35,6 +35,9 @@ func newRootFS(dir string) (rootFS, error) {
 		return rootFS{}, fmt.Errorf("driver root %q: %w", dir, err)
 	}
 	fi, err := os.Stat(abs)
+	if errors.Is(err, os.ErrNotExist) {
+		return rootFS{}, fmt.Errorf("the driver root %s does not exist: install the NVIDIA driver there, or set gpu.driver.root in microvm.toml to where it is installed", abs)
+	}
 	if err != nil {
 		return rootFS{}, fmt.Errorf("driver root: %w", err)
 	}
