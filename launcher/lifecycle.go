@@ -302,11 +302,12 @@ func (l *Launcher) planGPUDriver(ctx context.Context, s *Spec, d state.Dir, gpus
 	if err != nil {
 		return nil, nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
 	}
-	set, err := driverset.Discover(ctx, driverset.Options{Root: c.Root, KernelRelease: rel, Modules: c.Modules, Params: c.Params})
+	cache := filepath.Join(l.Config.CacheDir, "drivers")
+	set, cached, err := driverset.DiscoverCached(ctx, driverset.Options{Root: c.Root, KernelRelease: rel, Modules: c.Modules, Params: c.Params}, cache)
 	if err != nil {
 		return nil, nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
 	}
-	built, err := driverset.Build(ctx, set, filepath.Join(l.Config.CacheDir, "drivers"))
+	built, err := driverset.Build(ctx, set, cache)
 	if err != nil {
 		return nil, nil, fmt.Errorf("GPUs %s: build the driver set: %w", s.GPUs, err)
 	}
@@ -345,7 +346,7 @@ func (l *Launcher) planGPUDriver(ctx context.Context, s *Spec, d state.Dir, gpus
 			return nil, nil, fmt.Errorf("record GPU driver set: %w", err)
 		}
 	}
-	log.Info("GPU driver", "set", set.Summary(), "dir", built.Dir, "notes", set.Notes)
+	log.Info("GPU driver", "set", set.Summary(), "dir", built.Dir, "discovery_cached", cached, "notes", append(set.Notes, built.Notes...))
 	return g, done, nil
 }
 
