@@ -120,4 +120,17 @@
 // first renamed to a .tmp-* name, so Build never finds it half removed,
 // and Use checks that the .inuse it locked is still the entry's. A
 // pruning failure does not fail the build: it is a Built.Notes line.
+//
+// Discovery remembered (DiscoverCached), not repeated at every step:
+// reading the modules' .modinfo decompresses each NVIDIA .ko.xz in full
+// (1-2 s for a real nvidia.ko, estimated from the xz rate here), and the
+// launcher pays it before every GPU boot otherwise. The record,
+// cacheDir/discovered-<options hash>.json, holds the identity (size,
+// mtime, inode, device) of every file the set names, of modules.dep and
+// ld.so.cache (depmod and ldconfig run at every driver installation), of
+// every directory searched for firmware and tools (a new file changes its
+// mtime), and the loaded driver's version by content. Any difference is a
+// new discovery. Not an inotify watch (needs a daemon) and not a fixed
+// lifetime (a driver upgrade would be missed until it passes). One record
+// per distinct [gpu.driver] configuration, so they are not pruned.
 package driverset
