@@ -15,9 +15,8 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets/guestmod"
+	"github.com/slurm-microvm/slurm-microvm/launcher/flock"
 )
 
 // DefaultCacheDir is where Ensure keeps built boot pairs when Options sets none.
@@ -444,27 +443,7 @@ func readEntry(cacheDir, key string) (*Assets, error) {
 	return a, nil
 }
 
-// lockFile takes an exclusive flock on p, waiting until ctx is done. The
-// lock goes with the process, so a crashed builder never leaves it held.
+// lockFile takes the cache's build lock (package flock).
 func lockFile(ctx context.Context, p string) (func(), error) {
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", p, err)
-	}
-	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil // closing releases the lock
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", p, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("lock %s: waiting for another build: %w", p, ctx.Err())
-		case <-time.After(delay):
-		}
-	}
+	return flock.Exclusive(ctx, p, "another build")
 }

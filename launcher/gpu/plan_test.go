@@ -381,7 +381,7 @@ func TestPlanNVSwitch(t *testing.T) {
 			}
 			p, err := gpu.NewPlan(context.Background(), gpu.Request{
 				StepGPUs: tc.step, GresConf: h.gresConf(gresVFIO), Node: "n1", Roots: h.roots,
-				NVML: gpunvml.NewFrom(&mock.Interface{InitFunc: func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }}),
+				NVML:     gpunvml.NewFrom(&mock.Interface{InitFunc: func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }}),
 				NVSwitch: tc.policy,
 			})
 			if tc.wantErr {

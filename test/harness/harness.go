@@ -39,7 +39,7 @@ const (
 	GPUDriverRoot = cluster.BaseDir + "/nvdriver"
 	// GPUDriverParams are the nvidia module's parameters in the config.
 	GPUDriverParams = "NVreg_StandinParam=from-site-config"
-	CacheDir   = "/var/cache/slurm-microvm-e2e"
+	CacheDir        = "/var/cache/slurm-microvm-e2e"
 )
 
 // Env is what every end-to-end test gets.

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/flock"
 )
 
 const (
@@ -611,27 +613,7 @@ func Use(b *Built) (release func(), err error) {
 	return func() { once.Do(func() { f.Close() }) }, nil
 }
 
-// lockFile takes an exclusive flock on p, waiting until ctx is done. The
-// lock goes with the process, so a crashed builder never leaves it held.
+// lockFile takes the cache's build lock (package flock).
 func lockFile(ctx context.Context, p string) (func(), error) {
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", p, err)
-	}
-	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", p, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("lock %s: waiting for another builder: %w", p, ctx.Err())
-		case <-time.After(delay):
-		}
-	}
+	return flock.Exclusive(ctx, p, "another builder")
 }

@@ -1,0 +1,43 @@
+// Package flock takes the exclusive flock(2) locks that guard the
+// launcher's caches (guest assets, GPU driver sets) while one process
+// builds an entry. A lock dies with its process, so a crashed builder
+// never leaves it held; lock files are never removed (removing one while
+// another process waits on it would let two builders in).
+package flock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Exclusive takes an exclusive flock on p (created 0644 if missing),
+// polling from 1 ms up to every 100 ms until ctx is done; release
+// closes the file, which drops the lock. Errors name p; a wait cut short
+// wraps ctx's error and says what was waited for.
+func Exclusive(ctx context.Context, p, waitingFor string) (release func(), err error) {
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", p, err)
+	}
+	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", p, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("lock %s: waiting for %s: %w", p, waitingFor, ctx.Err())
+		case <-time.After(delay):
+		}
+	}
+}
