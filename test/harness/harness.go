@@ -55,6 +55,13 @@ type Env struct {
 // for test/cluster/up.sh (e.g. "SELECT_TYPE_PARAMETERS=CR_Core").
 func Setup(t testing.TB, clusterEnv ...string) *Env {
 	t.Helper()
+	return SetupWith(t, nil, clusterEnv...)
+}
+
+// SetupWith is Setup with the cluster's options adjusted by tune (when not
+// nil) before the cluster starts, e.g. to turn on Options.Accounting.
+func SetupWith(t testing.TB, tune func(*cluster.Options), clusterEnv ...string) *Env {
+	t.Helper()
 	fixture.RequireRoot(t)
 	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs", "busybox", "make", "cc")
 	repo := fixture.RepoRoot()
@@ -136,7 +143,11 @@ scratch_base = %q
 	plug := fmt.Sprintf("required %s launcher=%s config=%s", filepath.Join(bin, "spank_microvm.so"), e.Launcher, cfg)
 	// Two fake GPUs (character devices 195:N, as Slurm requires) for the
 	// GPU steps; steps without --gres are unaffected.
-	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2, Env: clusterEnv})
+	opts := cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2, Env: clusterEnv}
+	if tune != nil {
+		tune(&opts)
+	}
+	e.C = cluster.Up(t, opts)
 	u, err := user.Lookup(cluster.TestUser)
 	if err != nil {
 		t.Fatal(err)
