@@ -54,6 +54,12 @@ var prerequisites = []string{
 	"squeue", "scancel", "scontrol", "sinfo", "useradd", "setsid", "ss",
 }
 
+// accountingPrerequisites are what Options.Accounting needs besides
+// prerequisites (packages mariadb-server and slurmdbd).
+var accountingPrerequisites = []string{
+	"mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "sacctmgr", "sacct", "sshare",
+}
+
 // Options tune Up. The zero value is a plain cluster in DefaultDir.
 type Options struct {
 	// Dir is the state directory: absolute, short (the munge socket path
@@ -82,6 +88,15 @@ type Options struct {
 	// LockTimeout bounds the wait for another test's cluster to go away;
 	// 0 means 5 min.
 	LockTimeout time.Duration
+	// Accounting starts a private MariaDB (datadir, socket and pid file
+	// under Dir/db, no TCP) and slurmdbd (port 6819 on loopback, or
+	// SLURMDBD_PORT in Env), registers the cluster, and configures
+	// AccountingStorageType=accounting_storage/slurmdbd with
+	// AccountingStorageTRES=gres/gpu and
+	// AccountingStorageEnforce=associations,limits,qos (up.sh ACCOUNTING=1).
+	// Only root, and users given an association with sacctmgr, may then
+	// submit jobs. Down stops both and drops the database with Dir.
+	Accounting bool
 }
 
 // Cluster is a running test cluster. Its methods are safe for concurrent use.
@@ -92,7 +107,10 @@ type Cluster struct {
 	Node string
 	// CgroupVersion is 1 or 2, as up.sh configured cgroup.conf.
 	CgroupVersion int
-	// StartupTime is the wall time of up.sh: munge key, munged, slurmctld,
+	// Accounting tells whether slurmdbd and MariaDB run (Options.Accounting).
+	Accounting bool
+	// StartupTime is the wall time of up.sh: munge key, munged, (MariaDB
+	// with its install-db, slurmdbd, the cluster's record,) slurmctld,
 	// slurmd, until sinfo shows the node idle.
 	StartupTime time.Duration
 	// UpOutput is what up.sh printed.
@@ -111,7 +129,11 @@ func Up(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	prereq.Root(t, "cluster: slurmd, munged, cgroups; run the tests as root")
 	var missing []string
-	for _, p := range prerequisites {
+	need := prerequisites
+	if opts.Accounting {
+		need = append(append([]string{}, prerequisites...), accountingPrerequisites...)
+	}
+	for _, p := range need {
 		if _, ok := lookClean(p); !ok {
 			missing = append(missing, p)
 		}
@@ -159,7 +181,11 @@ func Up(t testing.TB, opts Options) *Cluster {
 	c := &Cluster{Dir: dir, Conf: filepath.Join(dir, "etc", "slurm.conf"), scripts: scripts}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, name := range []string{"slurmctld.log", "slurmd.log"} {
+			logs := []string{"slurmctld.log", "slurmd.log"}
+			if opts.Accounting {
+				logs = append(logs, "slurmdbd.log", "mariadbd.out")
+			}
+			for _, name := range logs {
 				t.Logf("cluster: last lines of %s:\n%s", name, c.LogTail(name, 40))
 			}
 		}
@@ -183,6 +209,7 @@ func Up(t testing.TB, opts Options) *Cluster {
 		"SLURM_CONF_EXTRA="+opts.ConfExtra,
 		"UP_TIMEOUT="+strconv.Itoa(int(startTimeout.Seconds())),
 		"TEST_USER="+TestUser,
+		"ACCOUNTING="+map[bool]string{false: "0", true: "1"}[opts.Accounting],
 	)
 	env = append(env, opts.Env...)
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout+30*time.Second)
@@ -221,7 +248,7 @@ func lookClean(name string) (string, bool) {
 	return name, false
 }
 
-// readEnv fills Node and CgroupVersion from Dir/env.
+// readEnv fills Node, CgroupVersion and Accounting from Dir/env.
 func (c *Cluster) readEnv() error {
 	b, err := os.ReadFile(filepath.Join(c.Dir, "env"))
 	if err != nil {
@@ -237,6 +264,8 @@ func (c *Cluster) readEnv() error {
 			c.Node = v
 		case "SLURM_MICROVM_TEST_CGROUP":
 			c.CgroupVersion, _ = strconv.Atoi(strings.TrimPrefix(v, "v"))
+		case "SLURM_MICROVM_TEST_ACCOUNTING":
+			c.Accounting = v == "1"
 		}
 	}
 	if c.Node == "" || c.CgroupVersion == 0 {

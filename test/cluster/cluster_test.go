@@ -218,3 +218,95 @@ func TestCluster(t *testing.T) {
 		t.Logf("scancel to CANCELLED: %v", time.Since(start))
 	})
 }
+
+// TestClusterAccounting: Options.Accounting runs a private MariaDB and
+// slurmdbd beside the cluster: root's jobs are recorded with their TRES
+// (sacct reads them back from slurmdbd), a user without an association is
+// refused (AccountingStorageEnforce=associations), and Down stops exactly
+// the daemons up.sh recorded and removes the database with the state
+// directory, leaving the system's MariaDB paths alone.
+func TestClusterAccounting(t *testing.T) {
+	_, sysDataErr := os.Stat("/var/lib/mysql/slurm_acct_db")
+	_, sysRunErr := os.Stat("/run/mysqld")
+	c := Up(t, Options{Accounting: true, FakeGPUs: 1})
+	t.Logf("cluster with accounting up in %v\n%s", c.StartupTime, c.UpOutput)
+	if !c.Accounting {
+		t.Fatalf("Cluster.Accounting is false after Up with Options.Accounting")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	pids := recordedPids(t, c.Dir)
+	for _, d := range []string{"mariadbd", "slurmdbd"} {
+		if pids[d] == 0 {
+			t.Errorf("pids file has no %s: %v", d, pids)
+		}
+	}
+
+	stdout, stderr, code, err := c.Srun(ctx, "", "--gres=gpu:1", "sh", "-c", "echo $SLURM_JOB_ID")
+	if err != nil || code != 0 {
+		t.Fatalf("srun as root: exit %d, %v: %s", code, err, stderr)
+	}
+	job := strings.TrimSpace(stdout)
+	// slurmctld sends the job's end to slurmdbd asynchronously.
+	var tres string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		out, _, _, err := c.Run(ctx, "", "sacct", "-j", job, "-X", "-n", "-P", "-o", "State,AllocTRES")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tres = strings.TrimSpace(out); strings.HasPrefix(tres, "COMPLETED|") {
+			break
+		}
+	}
+	if !strings.HasPrefix(tres, "COMPLETED|") || !strings.Contains(tres, "gres/gpu=1") {
+		t.Errorf("sacct -j %s: %q, want COMPLETED with gres/gpu=1 in AllocTRES", job, tres)
+	}
+
+	_, stderr, code, err = c.Srun(ctx, TestUser, "true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code == 0 || !strings.Contains(stderr, "Invalid account") {
+		t.Errorf("srun as %s (no association): exit %d, stderr %q: want the job refused for its account", TestUser, code, stderr)
+	}
+
+	if err := c.Down(); err != nil {
+		t.Fatal(err)
+	}
+	for name, pid := range pids {
+		// A zombie (not yet reaped by init) has stopped.
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+			if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) > 0 && f[0] != "Z" {
+				t.Errorf("%s (pid %d) still runs after Down (state %s)", name, pid, f[0])
+			}
+		}
+	}
+	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
+		t.Errorf("state dir %s after Down: %v, want it gone", c.Dir, err)
+	}
+	if _, err := os.Stat("/run/mysqld"); err == nil && sysRunErr != nil {
+		t.Errorf("/run/mysqld appeared: the cluster's MariaDB must use its own socket and pid file")
+	}
+	if _, err := os.Stat("/var/lib/mysql/slurm_acct_db"); err == nil && sysDataErr != nil {
+		t.Errorf("/var/lib/mysql/slurm_acct_db appeared: the cluster's database must live in its state dir")
+	}
+}
+
+// recordedPids reads dir/pids ("name pid starttime exe" lines).
+func recordedPids(t *testing.T, dir string) map[string]int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "pids"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var name string
+		var pid int
+		if _, err := fmt.Sscan(line, &name, &pid); err == nil {
+			pids[name] = pid
+		}
+	}
+	return pids
+}

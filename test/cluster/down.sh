@@ -4,11 +4,13 @@
 # Idempotent: a missing STATE_DIR is success.
 #
 # Order: cancel this cluster's jobs through its own slurmctld; stop slurmd,
-# slurmctld, munged — each by the pid up.sh recorded, only if that pid still
+# slurmctld, slurmdbd and mariadbd (ACCOUNTING=1), munged — each by the pid
+# up.sh recorded, only if that pid still
 # has the recorded start time (no pid reuse accidents): TERM, wait, KILL;
 # then, as a backstop, KILL what is still inside this cluster's job cgroups
 # (slurm_<node>/uid_*/job_*: processes of jobs this cluster ran) and remove
-# those cgroups; remove the /dev/fakegpuN nodes up.sh created; remove the dir.
+# those cgroups; remove the /dev/fakegpuN nodes up.sh created; remove the dir
+# (with the accounting database: its datadir is STATE_DIR/db).
 # Never kills by name.
 set -uo pipefail
 
@@ -83,8 +85,10 @@ if [[ -f $STATE/etc/slurm.conf ]] && recorded slurmctld >/dev/null && recorded s
 	fi
 fi
 
-# 2. Daemons, the node daemon first.
-for d in slurmd slurmctld munged; do
+# 2. Daemons, the node daemon first; slurmctld sends what it still holds
+# for accounting to slurmdbd as it stops, slurmdbd to MariaDB; munged
+# (which slurmdbd needs to the end) last.
+for d in slurmd slurmctld slurmdbd mariadbd munged; do
 	stop "$d"
 done
 

@@ -11,6 +11,7 @@
 #   STATE_DIR/munge/           munge.key (0600) munge.socket munged.seed
 #   STATE_DIR/log/             munged.log slurmctld.log slurmd.log (+ .out: stdio)
 #   STATE_DIR/pids             "name pid starttime exe" of every daemon started
+#   STATE_DIR/db/              with ACCOUNTING=1: MariaDB's datadir and socket
 #
 # Re-running up.sh on a STATE_DIR that is up stops that cluster (down.sh) and
 # starts a fresh one. Stop it with down.sh STATE_DIR.
@@ -33,6 +34,15 @@
 #   SLURM_DEBUG=info     SlurmctldDebug/SlurmdDebug level
 #   UP_TIMEOUT=60        seconds to wait for the node to become idle
 #   TEST_USER=microvmtest  non-root user created for end-to-end tests
+#   ACCOUNTING=1         also start a private MariaDB (datadir, socket and
+#                        pid file under STATE_DIR/db, no TCP) and slurmdbd
+#                        (SLURMDBD_PORT=6819, loopback), register the
+#                        cluster, and write AccountingStorageType=
+#                        accounting_storage/slurmdbd with
+#                        AccountingStorageTRES=gres/gpu and
+#                        AccountingStorageEnforce=associations,limits,qos:
+#                        only root and users given an association with
+#                        sacctmgr may then submit jobs
 set -euo pipefail
 
 die() { echo "up.sh: error: $*" >&2; exit 1; }
@@ -53,6 +63,9 @@ STANDIN_GPUS=${STANDIN_GPUS:-0}
 DEBUG=${SLURM_DEBUG:-info}
 TIMEOUT=${UP_TIMEOUT:-60}
 TEST_USER=${TEST_USER:-microvmtest}
+ACCOUNTING=${ACCOUNTING:-0}
+DBD_PORT=${SLURMDBD_PORT:-6819}
+[[ $ACCOUNTING == [01] ]] || die "ACCOUNTING=$ACCOUNTING: want 0 or 1"
 [[ $FAKE_GPUS =~ ^[0-9]+$ ]] || die "FAKE_GPUS=$FAKE_GPUS: want a number of fake GPUs (0-63)"
 (( FAKE_GPUS <= 64 )) || die "FAKE_GPUS=$FAKE_GPUS: at most 64"
 [[ $STANDIN_GPUS =~ ^[0-9]+$ ]] && (( FAKE_GPUS + STANDIN_GPUS <= 64 )) ||
@@ -62,10 +75,18 @@ ALL_GPUS=$((FAKE_GPUS + STANDIN_GPUS))
 MUNGE_SOCKET=$STATE/munge/munge.socket
 # sun_path holds 108 bytes including the NUL.
 (( ${#MUNGE_SOCKET} < 100 )) || die "state dir path too long for a unix socket: $MUNGE_SOCKET"
+DB_SOCKET=$STATE/db/run/mysqld.sock
 
 for b in munged munge unmunge slurmctld slurmd sinfo scontrol hostname useradd setsid ss; do
 	command -v "$b" >/dev/null || die "$b not found: run hack/setup-debian.sh (packages slurm-wlm munge iproute2)"
 done
+if (( ACCOUNTING )); then
+	for b in mariadbd mariadb-install-db mariadb slurmdbd sacctmgr; do
+		command -v "$b" >/dev/null || die "ACCOUNTING=1: $b not found: run hack/setup-debian.sh (packages mariadb-server slurmdbd)"
+	done
+	id -u mysql >/dev/null 2>&1 || die "ACCOUNTING=1: no user mysql (package mariadb-server creates it)"
+	(( ${#DB_SOCKET} < 100 )) || die "state dir path too long for a unix socket: $DB_SOCKET"
+fi
 
 T0=$(date +%s%N)
 
@@ -76,10 +97,12 @@ if [[ -e $STATE/pids || -e $STATE/env ]]; then
 fi
 
 # --- ports must be free (another cluster, or a system slurmd) ---------------
-for p in "$CTLD_PORT" "$SLURMD_PORT"; do
+ports=("$CTLD_PORT" "$SLURMD_PORT")
+(( ACCOUNTING )) && ports+=("$DBD_PORT")
+for p in "${ports[@]}"; do
 	if [[ -n $(ss -Htln "sport = :$p") ]]; then
 		others=$(find /run/slurm-microvm-test -mindepth 2 -maxdepth 2 -name pids -printf '%h ' 2>/dev/null || true)
-		die "TCP port $p is already in use ($(ss -Htlnp "sport = :$p" | head -1)); another cluster? state dirs: ${others:-none}; stop it with down.sh DIR or set SLURMCTLD_PORT/SLURMD_PORT"
+		die "TCP port $p is already in use ($(ss -Htlnp "sport = :$p" | head -1)); another cluster? state dirs: ${others:-none}; stop it with down.sh DIR or set SLURMCTLD_PORT/SLURMD_PORT/SLURMDBD_PORT"
 	fi
 done
 
@@ -242,6 +265,22 @@ gres=()
 (( STANDIN_GPUS > 0 )) && gres+=("gpu:standin:$STANDIN_GPUS")
 if (( ALL_GPUS > 0 )); then NODE_GRES=" Gres=$(IFS=,; echo "${gres[*]}")" GRES_TYPES="GresTypes=gpu"; fi
 NODE_HOST=""
+ACCT="AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none"
+if (( ACCOUNTING )); then
+	# GrpTRES=gres/gpu=N needs gres/gpu tracked; "limits" implies
+	# "associations" (no job without an association) and "qos" makes
+	# QOS limits count too.
+	ACCT="AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$DBD_PORT
+# With slurmdbd, the munge socket for talking to it (clients and slurmctld
+# alike): AuthInfo is not used for that.
+AccountingStoragePass=$MUNGE_SOCKET
+AccountingStorageTRES=gres/gpu
+AccountingStorageEnforce=associations,limits,qos
+JobAcctGatherType=jobacct_gather/linux"
+fi
 if [[ $NODE != "$(hostname -s)" ]]; then NODE_HOST=" NodeHostname=$(hostname -s)"; fi
 
 CONF=$STATE/etc/slurm.conf
@@ -278,8 +317,7 @@ SchedulerType=sched/backfill
 # Batch jobs start on the next scheduler pass (about 1 s) instead of up to 3 s.
 SchedulerParameters=batch_sched_delay=0
 SwitchType=switch/none
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
+$ACCT
 JobCompType=jobcomp/none
 MailProg=/bin/true
 $GRES_TYPES
@@ -321,6 +359,32 @@ fi
 printf '%s\n' "${PLUGSTACK_LINE:-}" >"$STATE/etc/plugstack.conf"
 chmod 0644 "$STATE"/etc/*
 
+if (( ACCOUNTING )); then
+	# slurmdbd reads slurmdbd.conf next to $SLURM_CONF and wants it 0600,
+	# owned by its SlurmUser. StorageHost=localhost makes the MariaDB
+	# client library use the unix socket MYSQL_UNIX_PORT names (given to
+	# slurmdbd below); root logs in by unix_socket authentication, so
+	# there is no password anywhere.
+	(umask 077 && cat >"$STATE/etc/slurmdbd.conf" <<EOF
+# Written by slurm-microvm test/cluster/up.sh; private to $STATE.
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=$(hostname -s)
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+DebugLevel=$DEBUG
+LogFile=$STATE/log/slurmdbd.log
+PidFile=$STATE/run/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=root
+StorageLoc=slurm_acct_db
+EOF
+	)
+	chown root:root "$STATE/etc/slurmdbd.conf"
+fi
+
 cat >"$STATE/env" <<EOF
 # source me: private Slurm cluster from slurm-microvm test/cluster/up.sh
 export SLURM_CONF=$CONF
@@ -330,13 +394,53 @@ export SLURM_MICROVM_TEST_USER=$TEST_USER
 export SLURM_MICROVM_TEST_CGROUP=$CG
 # munge clients: munge -n --socket=\$MUNGE_SOCKET | unmunge --socket=\$MUNGE_SOCKET
 export MUNGE_SOCKET=$MUNGE_SOCKET
+export SLURM_MICROVM_TEST_ACCOUNTING=$ACCOUNTING
 EOF
 chmod 0644 "$STATE/env"
 echo "$NODE" >"$STATE/node"
 
-# --- slurm daemons ----------------------------------------------------------------
+# --- accounting: MariaDB, slurmdbd, the cluster's record -------------------------
 export SLURM_CONF=$CONF
 T1=$(date +%s%N)
+DBD_DAEMONS=""
+if (( ACCOUNTING )); then
+	DBD_DAEMONS="mariadbd slurmdbd"
+	# A server of our own: --no-defaults (no /etc/mysql, so nothing of the
+	# system's /var/lib/mysql or /run/mysqld), no TCP, as user mysql.
+	# Small buffers for a test of a few jobs: slurmdbd logs that they are
+	# below what it recommends for a site, which is harmless here.
+	mkdir -m 0755 "$STATE/db"
+	mkdir -m 0700 "$STATE/db/data"
+	mkdir -m 0755 "$STATE/db/run"
+	chown mysql:mysql "$STATE/db/data" "$STATE/db/run"
+	DB_OPTS=(--no-defaults --datadir="$STATE/db/data" --user=mysql
+		--innodb-buffer-pool-size=32M --innodb-log-file-size=8M --innodb-lock-wait-timeout=900)
+	mariadb-install-db "${DB_OPTS[@]}" --auth-root-authentication-method=socket \
+		--skip-test-db >"$STATE/log/mariadb-install-db.log" 2>&1 ||
+		die "mariadb-install-db failed; see $STATE/log/mariadb-install-db.log"
+	start_daemon mariadbd mariadbd "${DB_OPTS[@]}" --skip-networking \
+		--socket="$DB_SOCKET" --pid-file="$STATE/db/run/mariadbd.pid"
+	for ((i = 0; ; i++)); do
+		[[ -S $DB_SOCKET ]] && mariadb --no-defaults --socket="$DB_SOCKET" -e 'select 1' >/dev/null 2>&1 && break
+		alive mariadbd || die "mariadbd exited; see $STATE/log/mariadbd.out"
+		(( i < TIMEOUT * 10 )) || die "mariadbd did not answer on $DB_SOCKET within ${TIMEOUT}s"
+		sleep 0.1
+	done
+	start_daemon slurmdbd env MYSQL_UNIX_PORT="$DB_SOCKET" slurmdbd -D
+	for ((i = 0; ; i++)); do
+		[[ -n $(ss -Htln "sport = :$DBD_PORT") ]] && break
+		alive slurmdbd || die "slurmdbd exited; see $STATE/log/slurmdbd.log and $STATE/log/slurmdbd.out"
+		(( i < TIMEOUT * 20 )) || die "slurmdbd not listening on port $DBD_PORT after ${TIMEOUT}s"
+		sleep 0.05
+	done
+	# Register the cluster before slurmctld starts (it then gets its
+	# associations at once); this also makes account and user root.
+	sacctmgr -i add cluster microvm-test >"$STATE/log/sacctmgr.out" 2>&1 ||
+		die "sacctmgr add cluster failed: $(cat "$STATE/log/sacctmgr.out")"
+fi
+
+# --- slurm daemons ----------------------------------------------------------------
+T3=$(date +%s%N)
 start_daemon slurmctld slurmctld -D -i -f "$CONF"
 # Slurm clients (and slurmd's registration) sleep a whole second before
 # retrying a refused connection: start them once slurmctld listens.
@@ -358,7 +462,7 @@ deadline=$((SECONDS + TIMEOUT))
 while :; do
 	st=$(sinfo -h -N -n "$NODE" -o '%T' 2>/dev/null || true)
 	[[ $st == idle ]] && break
-	for d in munged slurmctld slurmd; do
+	for d in munged slurmctld slurmd $DBD_DAEMONS; do
 		alive "$d" || die "$d exited; see $STATE/log/$d.log and $STATE/log/$d.out"
 	done
 	(( SECONDS < deadline )) || die "node $NODE not idle after ${TIMEOUT}s (state: ${st:-no answer})"
@@ -368,8 +472,13 @@ T2=$(date +%s%N)
 trap - EXIT
 
 ms() { echo $((($2 - $1) / 1000000)); }
-log "cluster microvm-test is up: node $NODE ($HW) cgroup $CG"
-log "startup: $(ms "$T0" "$T2") ms total, $(ms "$T1" "$T2") ms from starting slurmctld to node idle"
+if (( ACCOUNTING )); then
+	log "cluster microvm-test is up: node $NODE ($HW) cgroup $CG, accounting (slurmdbd on port $DBD_PORT)"
+	log "startup: $(ms "$T0" "$T2") ms total, $(ms "$T1" "$T3") ms MariaDB (install-db included), slurmdbd and the cluster record, $(ms "$T3" "$T2") ms from starting slurmctld to node idle"
+else
+	log "cluster microvm-test is up: node $NODE ($HW) cgroup $CG"
+	log "startup: $(ms "$T0" "$T2") ms total, $(ms "$T3" "$T2") ms from starting slurmctld to node idle"
+fi
 cat <<EOF
 up.sh: use it:
     source $STATE/env

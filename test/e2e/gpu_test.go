@@ -1,17 +1,14 @@
 package e2e
 
 import (
-	"context"
 	"crypto/sha256"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/test/cluster"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture/nvstandin"
@@ -27,8 +24,6 @@ import (
 // way a real one does: discovery, the cached set, the 9p share, module
 // loading, device nodes and the guest's dynamic linker.
 func gpuDriverTests(t *testing.T, e *harness.Env) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
 	if err := os.RemoveAll(harness.GPUDriverRoot); err != nil {
 		t.Fatal(err)
 	}
@@ -65,10 +60,7 @@ func gpuDriverTests(t *testing.T, e *harness.Env) {
 		}
 	})
 
-	d := nvstandin.Require(t, nvstandin.Options{KernelRelease: e.Kernel, CacheDir: filepath.Join(harness.CacheDir, "nvstandin")})
-	if out, err := exec.CommandContext(ctx, "cp", "-a", d.Root+"/.", harness.GPUDriverRoot).CombinedOutput(); err != nil {
-		t.Fatalf("install the stand-in driver at %s: %v\n%s", harness.GPUDriverRoot, err, out)
-	}
+	d := harness.InstallStandinDriver(t, e)
 	img := gpuImage(t)
 	before := fileSum(t, img)
 

@@ -19,6 +19,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 	"github.com/slurm-microvm/slurm-microvm/test/cluster"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture"
+	"github.com/slurm-microvm/slurm-microvm/test/fixture/nvstandin"
 	"github.com/slurm-microvm/slurm-microvm/test/residue"
 )
 
@@ -60,6 +61,13 @@ type Env struct {
 // Slurm with the plugin in plugstack.conf. clusterEnv are extra settings
 // for test/cluster/up.sh (e.g. "SELECT_TYPE_PARAMETERS=CR_Core").
 func Setup(t testing.TB, clusterEnv ...string) *Env {
+	t.Helper()
+	return SetupWith(t, nil, clusterEnv...)
+}
+
+// SetupWith is Setup with the cluster's options adjusted by tune (when not
+// nil) before the cluster starts, e.g. to turn on Options.Accounting.
+func SetupWith(t testing.TB, tune func(*cluster.Options), clusterEnv ...string) *Env {
 	t.Helper()
 	fixture.RequireRoot(t)
 	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs", "busybox", "make", "cc")
@@ -158,7 +166,11 @@ scratch_base = %q
 	// device backs them) and two stand-in ones (gpu:standin, booted
 	// without VFIO by the stand-in build) for the GPU steps; steps
 	// without --gres are unaffected.
-	e.C = cluster.Up(t, cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2, StandinGPUs: 2, Env: clusterEnv})
+	opts := cluster.Options{PlugstackLine: plug, StartTimeout: 90 * time.Second, FakeGPUs: 2, StandinGPUs: 2, Env: clusterEnv}
+	if tune != nil {
+		tune(&opts)
+	}
+	e.C = cluster.Up(t, opts)
 	u, err := user.Lookup(cluster.TestUser)
 	if err != nil {
 		t.Fatal(err)
@@ -298,4 +310,20 @@ func (e *Env) Run(t *testing.T, name string, f func(t *testing.T)) bool {
 		e.NothingLeft(t)
 		f(t)
 	})
+}
+
+// InstallStandinDriver builds (or finds in CacheDir) the stand-in NVIDIA
+// driver for the guest kernel (test/fixture/nvstandin) and installs it at
+// GPUDriverRoot, gpu.driver.root of the test configuration, until t ends.
+func InstallStandinDriver(t *testing.T, e *Env) *nvstandin.Driver {
+	t.Helper()
+	d := nvstandin.Require(t, nvstandin.Options{KernelRelease: e.Kernel, CacheDir: filepath.Join(CacheDir, "nvstandin")})
+	if err := os.RemoveAll(GPUDriverRoot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(GPUDriverRoot) })
+	if out, err := exec.Command("cp", "-a", d.Root+"/.", GPUDriverRoot).CombinedOutput(); err != nil {
+		t.Fatalf("install the stand-in driver at %s: %v\n%s", GPUDriverRoot, err, out)
+	}
+	return d
 }
