@@ -307,13 +307,22 @@ func (l *Launcher) planGPUDriver(ctx context.Context, s *Spec, d state.Dir, gpus
 	if err != nil {
 		return nil, nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
 	}
-	built, err := driverset.Build(ctx, set, cache)
-	if err != nil {
-		return nil, nil, fmt.Errorf("GPUs %s: build the driver set: %w", s.GPUs, err)
-	}
-	release, err := driverset.Use(built)
-	if err != nil {
-		return nil, nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+	var built *driverset.Built
+	var release func()
+	// Twice at most: pruning by another step's Build may remove the entry
+	// between this Build and Use.
+	for try := 0; ; try++ {
+		built, err = driverset.Build(ctx, set, cache)
+		if err != nil {
+			return nil, nil, fmt.Errorf("GPUs %s: build the driver set: %w", s.GPUs, err)
+		}
+		release, err = driverset.Use(ctx, built)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, driverset.ErrPruned) || try > 0 {
+			return nil, nil, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+		}
 	}
 	dir, err := os.OpenFile(built.Dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {

@@ -15,13 +15,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Exclusive takes an exclusive flock on p (created 0644 if missing),
+// Exclusive takes an exclusive flock on p (created 0600 if missing, made
+// 0600 if not),
 // polling from 1 ms up to every 100 ms until ctx is done; release
 // closes the file, which drops the lock. Errors name p; a wait cut short
 // wraps ctx's error and says what was waited for.
 func Exclusive(ctx context.Context, p, waitingFor string) (release func(), err error) {
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", p, err)
+	}
+	// Only the owner may open it: flock needs no more than an open file,
+	// so a lock file others can read lets them hold it and stall every
+	// build (files of older versions were 0644).
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
 		return nil, fmt.Errorf("lock %s: %w", p, err)
 	}
 	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {

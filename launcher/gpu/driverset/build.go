@@ -32,8 +32,10 @@ const (
 	// keepEntries is how many entries, newest first, pruning keeps besides
 	// those in use.
 	keepEntries = 2
-	// inUseFile is the file of an entry that Use holds a shared flock on.
+	// inUseFile is the file of an entry that Use holds a shared flock on;
+	// inUseMode keeps everyone but root from opening (and locking) it.
 	inUseFile = ".inuse"
+	inUseMode = 0o600
 	// setFile is the Set an entry was built from, written last.
 	setFile = "set.json"
 
@@ -414,7 +416,10 @@ func fill(ctx context.Context, tmp string, s *Set, inputs []*input) error {
 			}
 		}
 	}
-	if err := writeFile(filepath.Join(tmp, inUseFile), nil); err != nil {
+	// Root's alone (0600): flock needs only an open file, so a readable
+	// .inuse would let any local user, or the job's QEMU through its open
+	// directory, hold it exclusively and stall every GPU step's Use.
+	if err := writeFrom(filepath.Join(tmp, inUseFile), inUseMode, bytes.NewReader(nil), -1); err != nil {
 		return err
 	}
 	js, err := json.MarshalIndent(s, "", "  ")
@@ -582,21 +587,37 @@ func removeIdle(cacheDir, name string) error {
 	return os.RemoveAll(gone)
 }
 
+// ErrPruned is returned (wrapped) by Use for an entry that pruning removed
+// between Build and Use: build it again.
+var ErrPruned = errors.New("it was removed as an old entry before it could be taken; build it again")
+
 // Use marks b in use until release is called: it holds a shared flock on
-// the entry's .inuse, which pruning (an exclusive, non-blocking flock)
-// respects. The launcher holds it for the life of the step whose guest
-// reads the entry. An entry pruned before Use took it is an error
-// (build it again).
-func Use(b *Built) (release func(), err error) {
+// the entry's .inuse (root's, 0600), which pruning (an exclusive,
+// non-blocking flock) respects. The launcher holds it for the life of the
+// step whose guest reads the entry. It waits, polling, while a pruner
+// holds the file, until ctx ends. An entry pruned before Use took it is
+// an error wrapping ErrPruned (build it again).
+func Use(ctx context.Context, b *Built) (release func(), err error) {
 	p := filepath.Join(b.Dir, inUseFile)
-	f, err := os.Open(p)
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, fmt.Errorf("use the driver set %s: %w", b.Dir, err)
 	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_SH)
-		if !errors.Is(err, unix.EINTR) {
+	// Entries of an older build made it 0644.
+	if err := f.Chmod(inUseMode); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("use the driver set %s: %w", b.Dir, err)
+	}
+	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
 			break
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("use the driver set %s: waiting for its lock: %w", b.Dir, ctx.Err())
+		case <-time.After(delay):
 		}
 	}
 	if err != nil {
@@ -607,7 +628,7 @@ func Use(b *Built) (release func(), err error) {
 	now, err2 := os.Stat(p)
 	if err1 != nil || err2 != nil || !os.SameFile(held, now) {
 		f.Close()
-		return nil, fmt.Errorf("use the driver set %s: it was removed as an old entry before it could be taken; build it again", b.Dir)
+		return nil, fmt.Errorf("use the driver set %s: %w", b.Dir, ErrPruned)
 	}
 	var once sync.Once
 	return func() { once.Do(func() { f.Close() }) }, nil

@@ -227,7 +227,7 @@ func TestBuildPruneKeepsInUse(t *testing.T) {
 		return b
 	}
 	b1 := build(1)
-	release, err := Use(b1)
+	release, err := Use(context.Background(), b1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,10 +247,10 @@ func TestBuildPruneKeepsInUse(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("after release and a fifth build: %q, want %q", got, want)
 	}
-	if _, err := Use(b1); err == nil {
+	if _, err := Use(context.Background(), b1); err == nil {
 		t.Errorf("Use of a pruned entry succeeded")
 	}
-	r5, err := Use(b5)
+	r5, err := Use(context.Background(), b5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,6 +318,8 @@ func TestBuildModesUnderUmask077(t *testing.T) {
 			want = 0o755 | fs.ModeDir
 		case strings.HasPrefix(p, filepath.Join(b.Dir, "bin")+"/"):
 			want = 0o755
+		case p == filepath.Join(b.Dir, inUseFile):
+			want = inUseMode
 		}
 		if fi.Mode() != want {
 			t.Errorf("%s: %v, want %v", p, fi.Mode(), want)
