@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/slurm-microvm/slurm-microvm/fs"
 	"github.com/slurm-microvm/slurm-microvm/fs/guestpath"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets/guestmod"
@@ -202,7 +203,7 @@ func bindReadOnly(root, rel, guest string) error {
 	if err != nil {
 		return err
 	}
-	f, in, err := guestpath.Resolve(root, guest, guestpath.Options{Create: true})
+	f, in, err := guestpath.Resolve(root, guest, guestpath.Options{Create: true, Refuse: fs.GuestReserved})
 	if err != nil {
 		return fmt.Errorf("mount point %s: %w", guest, err)
 	}

@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -9,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/slurm-microvm/slurm-microvm/fs/guestpath"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
 	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
@@ -124,5 +126,58 @@ func TestMakeNode(t *testing.T) {
 	}
 	if fi, err := os.Lstat(p); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
 		t.Errorf("nvidia1 over a plain file: %v %v", fi.Mode(), err)
+	}
+}
+
+// TestOwnMountPoint: an image's symlink (or file) where the agent mounts
+// /dev, /proc, ... is replaced by a real directory, so the mount and the
+// device nodes made in it stay in the root; a directory is kept.
+func TestOwnMountPoint(t *testing.T) {
+	root := t.TempDir()
+	outside := t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(root, "dev")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "run"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(root, "proc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/dev", "/run", "/proc", "/sys"} {
+		if err := ownMountPoint(root, p); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+	}
+	for _, p := range []string{"dev", "run"} {
+		if _, err := os.Lstat(filepath.Join(root, p)); !os.IsNotExist(err) {
+			t.Errorf("/%s: %v: the image's non-directory must be gone", p, err)
+		}
+	}
+	if fi, err := os.Lstat(filepath.Join(root, "proc")); err != nil || !fi.IsDir() {
+		t.Errorf("/proc directory: %v", err)
+	}
+	if _, err := os.Stat(outside); err != nil {
+		t.Errorf("the symlink's target was touched: %v", err)
+	}
+}
+
+// TestShareRefusedOverDriver: an image link that leads a share's
+// destination onto the GPU driver's directory is refused in the guest.
+func TestShareRefusedOverDriver(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "usr/local/nvidia/lib64"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/usr/local/nvidia/lib64", filepath.Join(root, "data")); err != nil {
+		t.Fatal(err)
+	}
+	f, in, err := guestpath.Resolve(root, "/data", guestpath.Options{Create: true, Refuse: shareRefused})
+	if err == nil {
+		f.Close()
+		t.Fatalf("/data resolved to %s and was not refused", in)
+	}
+	if !errors.Is(err, guestpath.ErrRefused) {
+		t.Errorf("err %v, want ErrRefused", err)
 	}
 }

@@ -76,6 +76,9 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 	}
 	for _, mt := range mounts {
 		dst := filepath.Join(rootDir, mt.dst)
+		if err := ownMountPoint(rootDir, mt.dst); err != nil {
+			return "", err
+		}
 		if err := os.MkdirAll(dst, 0o755); err != nil {
 			return "", fmt.Errorf("create mount point %s: %w", mt.dst, err)
 		}
@@ -91,6 +94,9 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 	}
 	// Go's os.Chmod takes os.ModeSticky, not the numeric 01000.
 	tmp := filepath.Join(rootDir, "tmp")
+	if err := ownMountPoint(rootDir, "/tmp"); err != nil {
+		return "", err
+	}
 	if err := os.Mkdir(tmp, 0o755); err != nil && !os.IsExist(err) {
 		return "", fmt.Errorf("create /tmp: %w", err)
 	}
@@ -133,7 +139,7 @@ func mountShares(ctx context.Context, mounts []*api.Mount) error {
 	}
 	for _, m := range mounts {
 		dst := string(m.Destination)
-		f, in, err := guestpath.Resolve(rootDir, dst, guestpath.Options{Create: true, Refuse: fs.GuestReserved})
+		f, in, err := guestpath.Resolve(rootDir, dst, guestpath.Options{Create: true, Refuse: shareRefused})
 		if err != nil {
 			return fmt.Errorf("mount point %s: %w", dst, err)
 		}
@@ -146,6 +152,34 @@ func mountShares(ctx context.Context, mounts []*api.Mount) error {
 		if err != nil {
 			return fmt.Errorf("mount host share %s on %s (%s): %w", m.Tag, dst, in, err)
 		}
+	}
+	return nil
+}
+
+// shareRefused are the in-root paths no host share may land on, after the
+// image's symlinks: the agent's own and the GPU driver's directory (an
+// image link /data -> /usr/local/nvidia/lib64 must not put a share there).
+var shareRefused = append(append([]string(nil), fs.GuestReserved...), fs.GuestGPUDriver)
+
+// ownMountPoint makes the top-level directory p (/proc, /sys, /dev, /run,
+// /tmp) of root a real directory before the agent mounts on it: an image
+// that ships it as a symlink (/dev -> ../../run/microvm/...) would
+// otherwise send the mount, and the device nodes made in it, wherever the
+// link points in the agent's own tree. The symlink is removed from the
+// overlay (a whiteout in the upper layer); the image is untouched.
+func ownMountPoint(root, p string) error {
+	full := filepath.Join(root, p)
+	fi, err := os.Lstat(full)
+	switch {
+	case os.IsNotExist(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("mount point %s: %w", p, err)
+	case fi.IsDir():
+		return nil
+	}
+	if err := os.Remove(full); err != nil {
+		return fmt.Errorf("mount point %s: the image has a %s there: remove it: %w", p, fi.Mode().Type(), err)
 	}
 	return nil
 }
