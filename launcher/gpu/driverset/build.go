@@ -193,10 +193,18 @@ func plan(s *Set) (*Built, []*input, error) {
 		if !relUnder(f.Rel, "firmware", false) {
 			return nil, nil, fmt.Errorf("firmware %s: destination %q is not a path under firmware/", f.Path, f.Rel)
 		}
-		if err := claim(f.Rel); err != nil {
+		// Decompressed, as the modules: a guest kernel may lack the
+		// loader's decompressor (Debian 12's has XZ but not ZSTD).
+		dst, compressed := f.Rel, false
+		for _, suffix := range []string{".zst", ".xz"} {
+			if t, ok := strings.CutSuffix(dst, suffix); ok {
+				dst, compressed = t, true
+			}
+		}
+		if err := claim(dst); err != nil {
 			return nil, nil, err
 		}
-		inputs = append(inputs, &input{kind: "firmware", src: f.Path, dst: f.Rel, mode: fileMode})
+		inputs = append(inputs, &input{kind: "firmware", src: f.Path, dst: dst, mode: fileMode, decompress: compressed})
 		b.FirmwareDir = "firmware"
 	}
 	for _, l := range s.Libraries {
@@ -468,12 +476,12 @@ func place(dst string, in *input, dev uint64) error {
 	return writeFrom(dst, in.mode, in.f, -1)
 }
 
-// writeModule writes the decompressed module to dst.
+// writeModule writes the decompressed module (or firmware file) to dst.
 func writeModule(dst string, in *input) error {
 	if _, err := in.f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	z, done, err := decompressModule(in.src, in.f)
+	z, done, err := decompressFile(in.src, in.f)
 	if err != nil {
 		return err
 	}

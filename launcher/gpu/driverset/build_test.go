@@ -425,3 +425,41 @@ func TestBuildCancelled(t *testing.T) {
 		t.Fatalf("Build with a cancelled context: %v", err)
 	}
 }
+
+// TestBuildDecompressesFirmware: compressed firmware (.zst, .xz) is
+// stored plain, under the name the module requests: Debian 12's guest
+// kernel has no ZSTD firmware decompressor.
+func TestBuildDecompressesFirmware(t *testing.T) {
+	needTools(t)
+	for _, tc := range []struct{ tool, suffix string }{{"zstd", ".zst"}, {"xz", ".xz"}} {
+		t.Run(tc.suffix, func(t *testing.T) {
+			_, s := discovered(t, xzDKMS)
+			if len(s.Firmware) == 0 {
+				t.Fatal("the fixture has no firmware")
+			}
+			plain := s.Firmware[0]
+			want, err := os.ReadFile(plain.Path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command(tc.tool, "-q", "-k", plain.Path).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v %s", tc.tool, err, out)
+			}
+			s.Firmware[0] = File{Path: plain.Path + tc.suffix, Rel: plain.Rel + tc.suffix}
+			b, err := Build(context.Background(), s, t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(filepath.Join(b.Dir, filepath.FromSlash(plain.Rel)))
+			if err != nil {
+				t.Fatalf("the firmware is not at its plain name: %v", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("firmware %s: %d bytes, want the %d decompressed ones", plain.Rel, len(got), len(want))
+			}
+			if _, err := os.Stat(filepath.Join(b.Dir, filepath.FromSlash(plain.Rel)+tc.suffix)); err == nil {
+				t.Errorf("the compressed copy is in the entry too")
+			}
+		})
+	}
+}
