@@ -7,11 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // discoverCacheFormat changes when Set or the fingerprint changes meaning.
@@ -39,7 +42,7 @@ func DiscoverCached(ctx context.Context, o Options, cacheDir string) (*Set, bool
 	if err != nil {
 		return nil, false, err
 	}
-	p := filepath.Join(cacheDir, "discoveryRecord-"+key+".json")
+	p := filepath.Join(cacheDir, "discovered-"+key+".json")
 	if b, err := os.ReadFile(p); err == nil {
 		var c discoveryRecord
 		if json.Unmarshal(b, &c) == nil && c.Format == discoverCacheFormat && c.Set != nil {
@@ -48,11 +51,21 @@ func DiscoverCached(ctx context.Context, o Options, cacheDir string) (*Set, bool
 			}
 		}
 	}
+	// The places looked in, before and after: an installer that rewrites
+	// the driver while it is read (depmod, ldconfig run at every
+	// installation) changes them, and such a discovery is not remembered.
+	before := fingerprint(o, &Set{})
 	s, err := Discover(ctx, o)
 	if err != nil {
 		return nil, false, err
 	}
-	b, err := json.Marshal(discoveryRecord{Format: discoverCacheFormat, Inputs: fingerprint(o, s), Set: s})
+	after := fingerprint(o, s)
+	for k, v := range before {
+		if after[k] != v && !strings.Contains(k, "/lib/firmware/nvidia/") {
+			return s, false, nil
+		}
+	}
+	b, err := json.Marshal(discoveryRecord{Format: discoverCacheFormat, Inputs: after, Set: s})
 	if err == nil && os.MkdirAll(cacheDir, 0o755) == nil {
 		if tmp, err := os.CreateTemp(cacheDir, ".discoveryRecord-*"); err == nil {
 			_, werr := tmp.Write(b)
@@ -118,7 +131,14 @@ func fingerprint(o Options, s *Set) map[string]string {
 		out[p] = identity(p)
 	}
 	for _, v := range []string{"sys/module/nvidia/version", "proc/driver/nvidia/version"} {
-		b, err := os.ReadFile(in(v))
+		// Not through a symlink: the content of a file outside the root
+		// has no place in the record.
+		var b []byte
+		f, err := os.OpenFile(in(v), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+		if err == nil {
+			b, err = io.ReadAll(io.LimitReader(f, 64<<10))
+			f.Close()
+		}
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			b = []byte("unreadable: " + err.Error())
 		}
