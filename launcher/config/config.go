@@ -524,7 +524,7 @@ func (c *Config) CheckHost(path string) error {
 }
 
 // moduleName is a kernel module name as modules.dep(5) and insmod take it.
-var moduleName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,55}$`)
+var moduleName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,54}$`)
 
 // checkGPUDriver validates [gpu.driver] and gpu.nvswitch, and spells
 // module names the kernel's way ('-' -> '_').
@@ -552,14 +552,19 @@ func checkGPUDriver(g *GPU, bad func(key, format string, a ...any)) {
 		mods = map[string]bool{"nvidia": true, "nvidia_uvm": true}
 	}
 	params := map[string]string{}
-	for m, p := range d.Params {
+	spelled := map[string]string{}
+	for _, m := range sortedKeys(boolKeys(d.Params)) {
+		p := d.Params[m]
 		k := strings.ReplaceAll(m, "-", "_")
 		switch {
+		case spelled[k] != "":
+			bad("gpu.driver.params", "%q and %q name the same module (the kernel reads '-' as '_'): give its parameters once", spelled[k], m)
 		case !mods[k]:
-			bad("gpu.driver.params", "%q is not a module the guest loads (gpu.driver.modules: %s)", m, strings.Join(sortedKeys(mods), ", "))
+			bad("gpu.driver.params", "%q is not in gpu.driver.modules (%s): add it there to load it with these parameters", m, strings.Join(sortedKeys(mods), ", "))
 		case strings.ContainsAny(p, "\n\x00"):
 			bad("gpu.driver.params", "%s: parameters contain a newline or NUL", m)
 		}
+		spelled[k] = m
 		params[k] = p
 	}
 	d.Params = nil
@@ -573,6 +578,14 @@ func checkGPUDriver(g *GPU, bad func(key, format string, a ...any)) {
 	default:
 		bad("gpu.nvswitch", "%q must be refuse or without-nvlink", g.NVSwitch)
 	}
+}
+
+func boolKeys(m map[string]string) map[string]bool {
+	out := make(map[string]bool, len(m))
+	for k := range m {
+		out[k] = true
+	}
+	return out
 }
 
 func sortedKeys(m map[string]bool) []string {

@@ -49,6 +49,26 @@ func TestParse(t *testing.T) {
 			check: func(c *Config) error { return nil }},
 		{name: "more site mounts than a microVM takes", in: "[mounts]\nsite = [" + siteMounts(21) + "]\n",
 			wantErr: []string{"mounts.site: 23 site mounts, scratch and the host MPI share: a microVM takes at most 21 host shares"}},
+		{name: "gpu driver defaults", in: "", check: func(c *Config) error {
+			if d := c.GPU.Driver; !*d.Inject || d.Root != "/" || len(d.Modules) != 0 || d.Params != nil || c.GPU.NVSwitch != "refuse" {
+				return fmt.Errorf("gpu defaults %+v %q", d, c.GPU.NVSwitch)
+			}
+			return nil
+		}},
+		{name: "gpu driver modules and params spelled the kernel's way", in: "[gpu.driver]\nmodules = [\"nvidia\", \"nvidia-uvm\", \"nvidia-peermem\"]\n[gpu.driver.params]\nnvidia-uvm = \"uvm_perf_prefetch_enable=0\"\n",
+			check: func(c *Config) error {
+				if strings.Join(c.GPU.Driver.Modules, " ") != "nvidia nvidia_uvm nvidia_peermem" || c.GPU.Driver.Params["nvidia_uvm"] != "uvm_perf_prefetch_enable=0" {
+					return fmt.Errorf("modules %q params %q", c.GPU.Driver.Modules, c.GPU.Driver.Params)
+				}
+				return nil
+			}},
+		{name: "gpu driver relative root", in: "[gpu.driver]\nroot = \"run/nvidia/driver\"\n", wantErr: []string{"gpu.driver.root: \"run/nvidia/driver\" must be an absolute path"}},
+		{name: "gpu driver bad module name", in: "[gpu.driver]\nmodules = [\"nvidia\", \"nv/idia\", \"-\"]\n", wantErr: []string{"gpu.driver.modules: \"nv/idia\" is not a kernel module name", "\"-\" is not a kernel module name"}},
+		{name: "gpu driver modules without nvidia", in: "[gpu.driver]\nmodules = [\"nvidia_uvm\"]\n", wantErr: []string{"gpu.driver.modules", "lacks nvidia"}},
+		{name: "gpu driver params for a module not loaded", in: "[gpu.driver.params]\nnvidia_drm = \"modeset=1\"\n", wantErr: []string{"gpu.driver.params: \"nvidia_drm\" is not in gpu.driver.modules (nvidia, nvidia_uvm): add it there"}},
+		{name: "gpu driver params newline", in: "[gpu.driver.params]\nnvidia = \"a=1\\nb=2\"\n", wantErr: []string{"gpu.driver.params: nvidia: parameters contain a newline"}},
+		{name: "gpu driver params twice", in: "[gpu.driver.params]\nnvidia-uvm = \"a=1\"\nnvidia_uvm = \"a=2\"\n", wantErr: []string{"name the same module"}},
+		{name: "bad nvswitch", in: "[gpu]\nnvswitch = \"allow\"\n", wantErr: []string{"gpu.nvswitch: \"allow\" must be refuse or without-nvlink"}},
 		{name: "memory below minimum", in: "[resources]\ndefault_memory_mib = 100\n", wantErr: []string{"default_memory_mib: 100 MiB is below min_memory_mib"}},
 	}
 	for _, tt := range tests {
