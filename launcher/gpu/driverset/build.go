@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -133,7 +134,24 @@ func build(ctx context.Context, s *Set, cacheDir string) (*Built, error) {
 		os.RemoveAll(tmp)
 		return nil, err
 	}
-	if err := os.Rename(tmp, b.Dir); err != nil {
+	// Every directory on disk before the rename: after a crash an entry
+	// is whole or absent.
+	if err := syncDirs(tmp); err != nil {
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	err = os.Rename(tmp, b.Dir)
+	if err != nil && (errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST)) && !complete(b.Dir) {
+		// An entry without its set.json (a crash of an older build
+		// before its directories reached the disk): moved aside under
+		// a .tmp-* name, which the next Build removes, and replaced.
+		if aside, aerr := os.MkdirTemp(cacheDir, ".tmp-incomplete-"); aerr == nil {
+			if os.Rename(b.Dir, filepath.Join(aside, "entry")) == nil {
+				err = os.Rename(tmp, b.Dir)
+			}
+		}
+	}
+	if err != nil {
 		os.RemoveAll(tmp)
 		if !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
 			return nil, fmt.Errorf("publish: %w", err)
@@ -143,6 +161,10 @@ func build(ctx context.Context, s *Set, cacheDir string) (*Built, error) {
 			return nil, fmt.Errorf("%s exists but has no %s: remove it", b.Dir, setFile)
 		}
 		return b, nil
+	}
+	if d, err := os.Open(cacheDir); err == nil {
+		_ = d.Sync()
+		d.Close()
 	}
 	if err := prune(ctx, cacheDir, b.Key); err != nil {
 		b.Notes = append(b.Notes, err.Error())
@@ -304,6 +326,22 @@ func key(s *Set, inputs []*input) string {
 }
 
 // complete reports whether dir is a published entry.
+// syncDirs fsyncs every directory of the tree at root (files are synced
+// as they are written).
+func syncDirs(root string) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return f.Sync()
+	})
+}
+
 func complete(dir string) bool {
 	fi, err := os.Lstat(dir)
 	if err != nil || !fi.IsDir() {

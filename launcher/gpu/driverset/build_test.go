@@ -463,3 +463,25 @@ func TestBuildDecompressesFirmware(t *testing.T) {
 		})
 	}
 }
+
+// TestBuildReplacesIncompleteEntry: an entry without its set.json (a crash
+// before its directories reached the disk) is replaced by the next Build
+// instead of failing every GPU step until an admin removes it.
+func TestBuildReplacesIncompleteEntry(t *testing.T) {
+	_, s := discovered(t, xzDKMS)
+	cache := t.TempDir()
+	b, err := Build(context.Background(), s, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(b.Dir, setFile)); err != nil {
+		t.Fatal(err)
+	}
+	b2, err := Build(context.Background(), s, cache)
+	if err != nil {
+		t.Fatalf("Build over an incomplete entry: %v", err)
+	}
+	if b2.Dir != b.Dir || !complete(b2.Dir) {
+		t.Errorf("entry %s complete=%v, want %s rebuilt", b2.Dir, complete(b2.Dir), b.Dir)
+	}
+}
