@@ -63,7 +63,7 @@ type TooManySharesError struct {
 
 func (e *TooManySharesError) Error() string {
 	if e.PCI {
-		return fmt.Sprintf("%d host shares (site mounts, scratch, --microvm-mounts, host MPI): a GPU microVM with %d GPUs takes at most %d (q35 has %d device slots; the root disk, the control channel and one port per GPU use %d); mount a common parent instead of several directories under it",
+		return fmt.Sprintf("%d host shares (site mounts, scratch, --microvm-mounts, host MPI, the GPU driver set): a GPU microVM with %d GPUs takes at most %d (q35 has %d device slots; the root disk, the control channel and one port per GPU use %d); mount a common parent instead of several directories under it",
 			e.Shares, e.GPUs, e.Max, Q35Slots, baseDevices+e.GPUs)
 	}
 	return fmt.Sprintf("%d host shares (site mounts, scratch, --microvm-mounts, host MPI): a microVM takes at most %d (a -M microvm guest can use %d virtio-mmio slots; the root disk and the control channel use %d); mount a common parent instead of several directories under it",
