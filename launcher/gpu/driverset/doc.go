@@ -2,11 +2,13 @@
 // needs it and copies it into an immutable cache entry that the launcher
 // shares read-only into GPU steps' microVMs:
 //
-//	s, err := driverset.Discover(ctx, driverset.Options{Root: "/", KernelRelease: guestRelease})
+//	cache := "/var/cache/slurm-microvm/drivers"
+//	s, cached, err := driverset.DiscoverCached(ctx, driverset.Options{Root: "/", KernelRelease: guestRelease}, cache)
 //	// errors.Is(err, driverset.ErrNoDriver): a GPU step on this node fails before boot with err
 //	log.Info("driver set", "set", s.Summary(), "notes", s.Notes)
-//	b, err := driverset.Build(ctx, s, "/var/cache/slurm-microvm/driverset")
-//	release, err := driverset.Use(b) // held for the step's life: pruning skips b
+//	b, err := driverset.Build(ctx, s, cache)
+//	release, err := driverset.Use(ctx, b) // held for the step's life: pruning skips b
+//	// errors.Is(err, driverset.ErrPruned): another step's Build pruned b meanwhile; Build again
 //	defer release()
 //	// guest: insmod b.Modules in order with their Params, firmware_class.path=<share>/b.FirmwareDir,
 //	// b.LibDir ahead of the image's libraries, b.BinDir on PATH
