@@ -95,6 +95,12 @@ func inspectDriver(c *cli.Context, cfg *config.Config) *gpu.DriverReport {
 		return r
 	}
 	r.Set = set
+	r.GuestLibDir, r.GuestBinDir = driverset.GuestLibDir, driverset.GuestBinDir
+	var names []string
+	for _, m := range set.Modules {
+		names = append(names, m.Name)
+	}
+	r.Devices = driverset.DeviceNodes(1, names)
 	return r
 }
 
@@ -197,6 +203,12 @@ func printDriver(w io.Writer, d *gpu.DriverReport) {
 	for _, b := range s.Binaries {
 		fmt.Fprintf(w, "  tool %s\n", b.Path)
 	}
+	var nodes []string
+	for _, n := range d.Devices {
+		nodes = append(nodes, "/dev/"+n.Path)
+	}
+	fmt.Fprintf(w, "  guest: libraries at %s, tools at %s (first in LD_LIBRARY_PATH and PATH); devices %s (one nvidia<i> per GPU)\n",
+		d.GuestLibDir, d.GuestBinDir, strings.Join(nodes, " "))
 	for _, n := range s.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
 	}

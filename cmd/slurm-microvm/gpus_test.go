@@ -55,8 +55,12 @@ func TestGPUsDriverReport(t *testing.T) {
 		t.Errorf("driver set: version %s release %s modules %v libraries %v firmware %v", dr.Set.Version, dr.KernelRelease, mods, sonames, dr.Set.Firmware)
 	}
 
+	if dr.GuestLibDir != "/usr/local/nvidia/lib64" || len(dr.Devices) != 4 || dr.Devices[0].Path != "nvidia0" {
+		t.Errorf("guest side: lib %q devices %+v", dr.GuestLibDir, dr.Devices)
+	}
 	code, out = runApp(t, append(base, "--driver-root", d.Root)...)
-	if code != 0 || !strings.Contains(out, "driver: "+d.Version+" (root "+d.Root+")") || !strings.Contains(out, "library libcuda.so.1") {
+	if code != 0 || !strings.Contains(out, "driver: "+d.Version+" (root "+d.Root+")") || !strings.Contains(out, "library libcuda.so.1") ||
+		!strings.Contains(out, "guest: libraries at /usr/local/nvidia/lib64") || !strings.Contains(out, "/dev/nvidia-uvm-tools") {
 		t.Errorf("text report (exit %d):\n%s", code, out)
 	}
 	empty := filepath.Join(dir, "emptyroot")

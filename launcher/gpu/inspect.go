@@ -56,6 +56,12 @@ type DriverReport struct {
 	Root          string         `json:"root"`
 	KernelRelease string         `json:"kernel_release,omitempty"`
 	Set           *driverset.Set `json:"set,omitempty"`
+	// GuestLibDir and GuestBinDir are where a guest finds the user-space
+	// driver; Devices the nodes a one-GPU guest gets (nvidia<i> for each
+	// further GPU).
+	GuestLibDir string                 `json:"guest_lib_dir,omitempty"`
+	GuestBinDir string                 `json:"guest_bin_dir,omitempty"`
+	Devices     []driverset.DeviceNode `json:"devices,omitempty"`
 	// Error says why the set cannot be built on this node ("" when it can).
 	Error string `json:"error,omitempty"`
 }
