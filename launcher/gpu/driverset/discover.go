@@ -335,10 +335,15 @@ func (d *discoverer) loaded() {
 	b, _, err := d.r.readFile(src, 4096)
 	v := strings.TrimSpace(string(b))
 	if err != nil {
+		sysErr := err
 		src = "proc/driver/nvidia/version"
 		b, _, err = d.r.readFile(src, 64<<10)
 		if m := loadedRE.FindSubmatch(b); err == nil && m != nil {
 			v = string(m[1])
+		}
+		// Neither there: the first one's reason, unless it is absent too.
+		if errors.Is(err, fs.ErrNotExist) && !errors.Is(sysErr, fs.ErrNotExist) {
+			err = sysErr
 		}
 	}
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -446,3 +446,25 @@ func TestDiscoverCancelled(t *testing.T) {
 		t.Fatalf("Discover with a cancelled context: %v", err)
 	}
 }
+
+// TestDiscoverLoadedVersionUnreadable: a loaded-version file that cannot
+// be read (here a link out of the root) is a note, not silence.
+func TestDiscoverLoadedVersionUnreadable(t *testing.T) {
+	needTools(t)
+	root := t.TempDir()
+	tr := runInstaller(t, root)
+	if err := os.MkdirAll(tr.path("sys/module/nvidia"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(tr.path("sys/module/nvidia/version"))
+	if err := os.Symlink("../../../../../../../etc/hostname", tr.path("sys/module/nvidia/version")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Discover(context.Background(), Options{Root: root, KernelRelease: testRelease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(s.Notes, func(n string) bool { return strings.Contains(n, "the loaded driver's version is unknown") }) {
+		t.Errorf("no note about the unreadable version:\n%s", strings.Join(s.Notes, "\n"))
+	}
+}
