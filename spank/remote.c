@@ -16,6 +16,7 @@
  */
 #include <errno.h>
 #include <pwd.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -443,6 +444,26 @@ int mv_remote_task_init(spank_t sp)
 		argv[0] = entry;
 	}
 #endif
+	/*
+	 * The exec entry catches the signals it forwards once its Go code
+	 * runs; the Go runtime drops a SIGUSR1, SIGUSR2 or SIGALRM that comes
+	 * before (scancel -s USR1 right after the step starts). Blocked here,
+	 * the mask survives exec and the signal stays pending until the
+	 * entry's signal.Notify unblocks it. (Go unblocks SIGHUP, SIGINT and
+	 * SIGTERM at start whatever the mask: those end an entry that has not
+	 * caught them yet, which ends the step, as they would on the host.)
+	 */
+	{
+		sigset_t set;
+
+		sigemptyset(&set);
+		sigaddset(&set, SIGUSR1);
+		sigaddset(&set, SIGUSR2);
+		sigaddset(&set, SIGALRM);
+		if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+			mv_error("step %u.%u: block early signals: %m", s->job,
+				 s->step);
+	}
 	mv_debug("step %u.%u: task runs through the exec entry (%s)", s->job,
 		 s->step, state);
 	return 0;
