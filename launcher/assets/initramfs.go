@@ -3,7 +3,6 @@ package assets
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -13,11 +12,10 @@ import (
 	"strings"
 
 	kgzip "github.com/klauspost/compress/gzip"
-	"github.com/klauspost/compress/zstd"
-	"github.com/therootcompany/xz"
 	"github.com/u-root/u-root/pkg/cpio"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets/guestmod"
+	"github.com/slurm-microvm/slurm-microvm/launcher/decompress"
 )
 
 // InitrdCompression is how the initramfs cpio archive is stored.
@@ -179,32 +177,17 @@ func readModule(p, rel string) ([]byte, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("read module: %w", err)
 	}
-	var r io.Reader
-	switch {
-	case strings.HasSuffix(p, ".ko"):
+	if strings.HasSuffix(p, ".ko") {
 		return raw, rel, nil
-	case strings.HasSuffix(p, ".ko.xz"):
-		z, err := xz.NewReader(bytes.NewReader(raw), 0)
-		if err != nil {
-			return nil, "", fmt.Errorf("read module %s: %w", p, err)
-		}
-		r = z
-	case strings.HasSuffix(p, ".ko.zst"):
-		z, err := zstd.NewReader(bytes.NewReader(raw), zstd.WithDecoderConcurrency(1))
-		if err != nil {
-			return nil, "", fmt.Errorf("read module %s: %w", p, err)
-		}
-		defer z.Close()
-		r = z
-	case strings.HasSuffix(p, ".ko.gz"):
-		z, err := gzip.NewReader(bytes.NewReader(raw))
-		if err != nil {
-			return nil, "", fmt.Errorf("read module %s: %w", p, err)
-		}
-		r = z
-	default:
+	}
+	if t := decompress.Trim(p); t == p || !strings.HasSuffix(t, ".ko") {
 		return nil, "", fmt.Errorf("read module %s: not a .ko, .ko.xz, .ko.zst or .ko.gz file", p)
 	}
+	r, done, err := decompress.Reader(p, bytes.NewReader(raw))
+	if err != nil {
+		return nil, "", fmt.Errorf("read module: %w", err)
+	}
+	defer done()
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return nil, "", fmt.Errorf("read module %s: decompress: %w", p, err)

@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/decompress"
 	"github.com/slurm-microvm/slurm-microvm/launcher/flock"
 )
 
@@ -217,12 +218,8 @@ func plan(s *Set) (*Built, []*input, error) {
 		}
 		// Decompressed, as the modules: a guest kernel may lack the
 		// loader's decompressor (Debian 12's has XZ but not ZSTD).
-		dst, compressed := f.Rel, false
-		for _, suffix := range []string{".zst", ".xz"} {
-			if t, ok := strings.CutSuffix(dst, suffix); ok {
-				dst, compressed = t, true
-			}
-		}
+		dst := decompress.Trim(f.Rel)
+		compressed := dst != f.Rel
 		if err := claim(dst); err != nil {
 			return nil, nil, err
 		}
@@ -519,7 +516,7 @@ func writeModule(dst string, in *input) error {
 	if _, err := in.f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	z, done, err := decompressFile(in.src, in.f)
+	z, done, err := decompress.Reader(in.src, in.f)
 	if err != nil {
 		return err
 	}

@@ -2,14 +2,12 @@ package driverset
 
 import (
 	"bytes"
-	"compress/gzip"
 	"debug/elf"
 	"fmt"
 	"io"
 	"strings"
 
-	"github.com/klauspost/compress/zstd"
-	"github.com/therootcompany/xz"
+	"github.com/slurm-microvm/slurm-microvm/launcher/decompress"
 )
 
 // maxModuleSize bounds a decompressed kernel module in bytes. NVIDIA's
@@ -34,38 +32,10 @@ func isModuleFile(name string) bool {
 // file named name (its suffix says the compression) read from r, and a
 // function to release the decompressor.
 func decompressModule(name string, r io.Reader) (io.Reader, func(), error) {
-	for _, suffix := range []string{".ko", ".ko.xz", ".ko.zst", ".ko.gz"} {
-		if strings.HasSuffix(name, suffix) {
-			return decompressFile(name, r)
-		}
+	if isModuleFile(name) {
+		return decompress.Reader(name, r)
 	}
 	return nil, nil, fmt.Errorf("%s is not a .ko, .ko.xz, .ko.zst or .ko.gz file", name)
-}
-
-// decompressFile reads r, the file name, decompressed by its last suffix
-// (.xz, .zst, .gz; anything else is read as it is). done frees the decoder.
-func decompressFile(name string, r io.Reader) (io.Reader, func(), error) {
-	switch {
-	case strings.HasSuffix(name, ".xz"):
-		z, err := xz.NewReader(r, 0)
-		if err != nil {
-			return nil, nil, fmt.Errorf("decompress %s: %w", name, err)
-		}
-		return z, func() {}, nil
-	case strings.HasSuffix(name, ".zst"):
-		z, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1))
-		if err != nil {
-			return nil, nil, fmt.Errorf("decompress %s: %w", name, err)
-		}
-		return z, z.Close, nil
-	case strings.HasSuffix(name, ".gz"):
-		z, err := gzip.NewReader(r)
-		if err != nil {
-			return nil, nil, fmt.Errorf("decompress %s: %w", name, err)
-		}
-		return z, func() { z.Close() }, nil
-	}
-	return r, func() {}, nil
 }
 
 // readModuleObject reads the whole ELF object of a module file, bounded
