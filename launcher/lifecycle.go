@@ -340,12 +340,10 @@ func (l *Launcher) planGPUDriver(ctx context.Context, s *Spec, d state.Dir, gpus
 		LibDir: built.LibDir, BinDir: built.BinDir,
 		GuestLibDir: driverset.GuestLibDir, GuestBinDir: driverset.GuestBinDir,
 	}
-	var names []string
 	for _, m := range built.Modules {
 		g.Modules = append(g.Modules, driver.KernelModule{Name: m.Name, File: m.File, Params: m.Params})
-		names = append(names, m.Name)
 	}
-	rec.Nodes = driverset.DeviceNodes(gpus, names)
+	rec.Nodes = set.DeviceNodes(gpus)
 	for _, n := range rec.Nodes {
 		g.Devices = append(g.Devices, driver.DeviceNode{Path: n.Path, MajorName: n.MajorName, FallbackMajor: n.FallbackMajor, Minor: n.Minor, Mode: n.Mode})
 	}

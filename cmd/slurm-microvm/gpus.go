@@ -96,11 +96,7 @@ func inspectDriver(c *cli.Context, cfg *config.Config) *gpu.DriverReport {
 	}
 	r.Set = set
 	r.GuestLibDir, r.GuestBinDir = driverset.GuestLibDir, driverset.GuestBinDir
-	var names []string
-	for _, m := range set.Modules {
-		names = append(names, m.Name)
-	}
-	r.Devices = driverset.DeviceNodes(1, names)
+	r.Devices = set.DeviceNodes(1)
 	return r
 }
 

@@ -67,3 +67,12 @@ const (
 	GuestLibDir = fs.GuestGPUDriver + "/lib64"
 	GuestBinDir = fs.GuestGPUDriver + "/bin"
 )
+
+// DeviceNodes are the nodes a guest with gpus GPUs needs for s's modules.
+func (s *Set) DeviceNodes(gpus int) []DeviceNode {
+	names := make([]string, len(s.Modules))
+	for i, m := range s.Modules {
+		names[i] = m.Name
+	}
+	return DeviceNodes(gpus, names)
+}
