@@ -24,6 +24,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"syscall"
 )
@@ -76,8 +77,10 @@ type SandboxConfig struct {
 	// GPUDriver, for a step with GPUs, is the node's GPU driver set: the
 	// guest loads it before any process starts. nil: none.
 	GPUDriver *GPUDriver
-	Debug     bool
-	Logger    *slog.Logger
+	// Network attaches the guest to its step network; nil: loopback only.
+	Network *Network
+	Debug   bool
+	Logger  *slog.Logger
 }
 
 // GPUDriver is a GPU driver set for the guest (launcher/gpu/driverset):
@@ -215,4 +218,54 @@ type Driver interface {
 	Start(ctx context.Context, cfg SandboxConfig) (Sandbox, error)
 	// Attach connects to the running sandbox of stateDir.
 	Attach(ctx context.Context, stateDir string) (Client, error)
+}
+
+// Network attaches the guest to its step network (launcher/network).
+type Network struct {
+	// Tap is an open tap device (IFF_TAP|IFF_NO_PI) the VMM reads and
+	// writes; nil in user mode.
+	Tap *os.File
+	// User selects the VMM's user-mode NAT (QEMU -netdev user) instead.
+	User bool
+	// NetNS, when set, is the network namespace the VMM is started in.
+	NetNS *os.File
+	// Guest is what the agent configures before any process starts.
+	Guest GuestNetwork
+}
+
+// GuestNetwork is the guest's one interface, found by its MAC, and what
+// goes with it. The guest needs no DHCP.
+type GuestNetwork struct {
+	MAC [6]byte
+	// Addr is the interface's address and on-link prefix.
+	Addr netip.Prefix
+	MTU  int
+	// Gateway, when valid, is the default route's next hop.
+	Gateway netip.Addr
+	// Routes are more routes through Gateway-like next hops.
+	Routes []Route
+	// Neighbors are permanent ARP entries (the step's other guests).
+	Neighbors []Neighbor
+	// Hosts are the lines of the guest's /etc/hosts besides localhost.
+	Hosts []HostEntry
+	// DNS servers for /etc/resolv.conf; none: the image's file is kept.
+	DNS []netip.Addr
+}
+
+// Route is one route of the guest.
+type Route struct {
+	Dst netip.Prefix
+	Via netip.Addr
+}
+
+// Neighbor is one permanent ARP entry of the guest.
+type Neighbor struct {
+	Addr netip.Addr
+	MAC  [6]byte
+}
+
+// HostEntry is one /etc/hosts line.
+type HostEntry struct {
+	Addr  netip.Addr
+	Names []string
 }
