@@ -275,7 +275,7 @@ func TestResolveScratch(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(base, "43.1.0")); err != nil {
 		t.Errorf("keep_scratch: %v", err)
 	}
-	if err := p.RemoveJobScratch(43); err != nil {
+	if err := p.RemoveJobScratch(43, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(filepath.Join(base, "43.1.0")); !errors.Is(err, os.ErrNotExist) {

@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
 // validStepName reports whether name is usable as the scratch directory's
@@ -208,8 +209,10 @@ func (p Policy) RemoveScratch(step string) error {
 }
 
 // RemoveJobScratch removes the scratch directories of every step of job
-// (names "<job>.*"), unless keep_scratch is set: for `slurm-microvm gc`.
-func (p Policy) RemoveJobScratch(job uint32) error {
+// on node (names as state.StepID writes them; other nodes sharing the
+// scratch base under multiple-slurmd keep theirs), unless keep_scratch
+// is set: for `slurm-microvm gc`.
+func (p Policy) RemoveJobScratch(job uint32, node string) error {
 	if p.ScratchBase == "" || p.KeepScratch {
 		return nil
 	}
@@ -220,10 +223,9 @@ func (p Policy) RemoveJobScratch(job uint32) error {
 	if err != nil {
 		return fmt.Errorf("remove scratch of job %d: %w", job, err)
 	}
-	prefix := strconv.FormatUint(uint64(job), 10) + "."
 	var errs []error
 	for _, e := range ents {
-		if len(e.Name()) > len(prefix) && e.Name()[:len(prefix)] == prefix {
+		if state.OfJobOnNode(e.Name(), job, node) {
 			if err := os.RemoveAll(filepath.Join(p.ScratchBase, e.Name())); err != nil {
 				errs = append(errs, err)
 			}

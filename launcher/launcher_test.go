@@ -116,7 +116,7 @@ func TestPrepareStopIdempotent(t *testing.T) {
 	if err := l.Prepare(context.Background(), s); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.GC(context.Background(), 7); err != nil {
+	if err := l.GC(context.Background(), 7, ""); err != nil {
 		t.Fatal(err)
 	}
 	entries, _ := os.ReadDir(cfg.RuntimeDir)
@@ -172,5 +172,37 @@ func TestSpecNonUTF8(t *testing.T) {
 		if out.Image != in.Image || out.Mounts != in.Mounts || out.Workdir != in.Workdir || out.User != "u" || out.ID != in.ID {
 			t.Errorf("spec.json round trip of %q: got image %q mounts %q workdir %q user %q id %v", v, out.Image, out.Mounts, out.Workdir, out.User, out.ID)
 		}
+	}
+}
+
+// Several slurmd on one host (multiple-slurmd) share the runtime root: each
+// node's epilog collects only its own node's steps, and two nodes' parts of
+// one step never share a directory.
+func TestGCLeavesOtherNodes(t *testing.T) {
+	cfg := config.Defaults()
+	cfg.RuntimeDir = t.TempDir()
+	l := &Launcher{Config: &cfg}
+	n1 := &Spec{ID: state.StepID{Job: 7, Step: 0, Node: "n1"}, UID: 1000, GID: 1000, Image: "/img.tar", LocalTasks: 1, MemMiB: 2048}
+	n2 := &Spec{ID: state.StepID{Job: 7, Step: 0, Node: "n2"}, UID: 1000, GID: 1000, Image: "/img.tar", LocalTasks: 1, MemMiB: 2048}
+	for _, s := range []*Spec{n1, n2} {
+		if err := l.Prepare(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n1.Dir(&cfg).Path() == n2.Dir(&cfg).Path() {
+		t.Fatalf("both nodes' parts of step 7.0 use %s", n1.Dir(&cfg).Path())
+	}
+	if err := l.GC(context.Background(), 7, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(n1.Dir(&cfg).Path()); !os.IsNotExist(err) {
+		t.Errorf("gc of n1 left n1's state: %v", err)
+	}
+	if _, err := os.Stat(n2.Dir(&cfg).Path()); err != nil {
+		t.Errorf("gc of n1 removed n2's state: %v", err)
+	}
+	// n2's step is not stopped by n1's gc: it still prepares.
+	if err := l.Prepare(context.Background(), n2); err != nil {
+		t.Errorf("n2's step after n1's gc: %v", err)
 	}
 }

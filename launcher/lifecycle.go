@@ -578,7 +578,7 @@ func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
 	if markErr != nil {
 		l.log().Error("mark stop", "step", id.String(), "err", markErr)
 	}
-	_ = state.PruneStopRecords(d.Root, 0, time.Now())
+	_ = state.PruneStopRecords(d.Root, 0, "", time.Now())
 	if _, err := os.Stat(d.Path()); errors.Is(err, os.ErrNotExist) {
 		return markErr
 	}
@@ -628,9 +628,10 @@ func waitGone(ctx context.Context, p state.Proc, timeout time.Duration) bool {
 	return true
 }
 
-// GC stops every step of job that still has state on this node (after a
-// crash, a requeue, or a missed stop). It returns every error met.
-func (l *Launcher) GC(ctx context.Context, job uint32) error {
+// GC stops every step of job that still has state on node (after a
+// crash, a requeue, or a missed stop); the steps of other nodes that share
+// the runtime root (multiple-slurmd) are theirs. It returns every error met.
+func (l *Launcher) GC(ctx context.Context, job uint32, node string) error {
 	entries, err := os.ReadDir(l.Config.RuntimeDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -641,7 +642,7 @@ func (l *Launcher) GC(ctx context.Context, job uint32) error {
 	var errs []error
 	for _, e := range entries {
 		id, err := state.ParseStepID(e.Name())
-		if err != nil || id.Job != job {
+		if err != nil || id.Job != job || id.Node != node {
 			continue
 		}
 		if err := l.Stop(ctx, id); err != nil {
@@ -649,11 +650,11 @@ func (l *Launcher) GC(ctx context.Context, job uint32) error {
 		}
 	}
 	// Scratch of steps whose state is already gone (a crashed stop).
-	if err := l.Config.Mounts.RemoveJobScratch(job); err != nil {
+	if err := l.Config.Mounts.RemoveJobScratch(job, node); err != nil {
 		errs = append(errs, err)
 	}
 	// The epilog: no step of the job starts any more.
-	if err := state.PruneStopRecords(l.Config.RuntimeDir, job, time.Now()); err != nil {
+	if err := state.PruneStopRecords(l.Config.RuntimeDir, job, node, time.Now()); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

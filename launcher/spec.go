@@ -46,6 +46,12 @@ type Spec struct {
 	MountsOrigin string `json:"mounts_origin,omitempty"`
 	Workdir      string `json:"workdir,omitempty"`
 	MPI          string `json:"mpi,omitempty"`
+	// Nodes is SLURM_STEP_NODELIST, the step's nodes (a Slurm hostlist);
+	// "" for a step with no Slurm node list (`slurm-microvm run`).
+	Nodes string `json:"nodes,omitempty"`
+	// Network is --microvm-network as the user gave it; "": the site's
+	// default ([network] mode).
+	Network string `json:"network,omitempty"`
 }
 
 // Dir is the state directory of the spec's step under the configured root.

@@ -30,10 +30,21 @@ var stepFlags = []cli.Flag{
 	&cli.UintFlag{Name: "job", Required: true, Usage: "Slurm job id"},
 	&cli.UintFlag{Name: "step", Required: true, Usage: "Slurm step id"},
 	&cli.UintFlag{Name: "restart", Usage: "job restart count"},
+	nodeFlag,
 }
 
-func stepID(c *cli.Context) state.StepID {
-	return state.StepID{Job: uint32(c.Uint("job")), Step: uint32(c.Uint("step")), Restart: uint32(c.Uint("restart"))}
+// nodeFlag names the Slurm node (SLURMD_NODENAME) whose part of the step a
+// command works on: under multiple-slurmd several nodes share one host.
+var nodeFlag = &cli.StringFlag{Name: "node", Usage: "Slurm node name (SLURMD_NODENAME); empty: a host with one slurmd"}
+
+func stepID(c *cli.Context) (state.StepID, error) {
+	id := state.StepID{Job: uint32(c.Uint("job")), Step: uint32(c.Uint("step")), Restart: uint32(c.Uint("restart")), Node: c.String("node")}
+	if id.Node != "" {
+		if err := state.CheckNodeName(id.Node); err != nil {
+			return id, cli.Exit("--node: "+err.Error(), 2)
+		}
+	}
+	return id, nil
 }
 
 // loadConfig reads the node configuration; a missing file means defaults
@@ -166,6 +177,8 @@ func prepareCommand() *cli.Command {
 			&cli.BoolFlag{Name: "debug"},
 			&cli.StringFlag{Name: "mounts"}, &cli.StringFlag{Name: "workdir"}, &cli.StringFlag{Name: "mpi"},
 			&cli.StringFlag{Name: "mounts-env", Usage: "SLURM_MICROVM_MOUNTS of the job, used when --mounts is not given"},
+			&cli.StringFlag{Name: "nodes", Usage: "SLURM_STEP_NODELIST: the step's nodes (hostlist)"},
+			&cli.StringFlag{Name: "network", Usage: "--microvm-network: the step network mode"},
 		),
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c, true)
@@ -183,6 +196,9 @@ func prepareCommand() *cli.Command {
 				}
 			}
 			host := c.String("hostname")
+			if host == "" {
+				host = c.String("node")
+			}
 			if host == "" {
 				host, _ = os.Hostname()
 			}
@@ -208,16 +224,21 @@ func prepareCommand() *cli.Command {
 			if err != nil {
 				return cli.Exit(err.Error(), 2)
 			}
+			id, err := stepID(c)
+			if err != nil {
+				return err
+			}
 			img := c.String("image")
 			if (strings.HasPrefix(img, "./") || strings.HasPrefix(img, "../")) && c.String("cwd") != "" {
 				img = filepath.Join(c.String("cwd"), img)
 			}
 			s := &launcher.Spec{
-				ID: stepID(c), UID: uint32(c.Uint("uid")), GID: uint32(c.Uint("gid")), Groups: groups, User: name,
+				ID: id, UID: uint32(c.Uint("uid")), GID: uint32(c.Uint("gid")), Groups: groups, User: name,
 				Image: img, Cores: c.String("cores"), MemMiB: c.Uint64("mem-mb"), GPUs: c.String("gpus"),
 				MemPerNodeMiB: perNode, MemPerCPUMiB: perCPU,
 				LocalTasks: c.Int("tasks"), Hostname: host, Debug: c.Bool("debug"),
 				Mounts: mounts, MountsOrigin: origin, Workdir: workdir, MPI: c.String("mpi"),
+				Nodes: c.String("nodes"), Network: c.String("network"),
 			}
 			l := &launcher.Launcher{Config: cfg}
 			if err := l.Prepare(c.Context, s); err != nil {
@@ -253,7 +274,10 @@ func startCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			id := stepID(c)
+			id, err := stepID(c)
+			if err != nil {
+				return err
+			}
 			d := state.Dir{Root: cfg.RuntimeDir, ID: id}
 			logf, err := launcher.OpenSupervisorLog(cfg, id, time.Now())
 			if logf == nil {
@@ -325,7 +349,11 @@ func stopCommand() *cli.Command {
 		Usage: "stop a step's sandbox and remove its state (idempotent)",
 		Flags: stepFlags,
 		Action: func(c *cli.Context) error {
-			return teardown(c, func(l *launcher.Launcher) error { return l.Stop(c.Context, stepID(c)) })
+			id, err := stepID(c)
+			if err != nil {
+				return err
+			}
+			return teardown(c, func(l *launcher.Launcher) error { return l.Stop(c.Context, id) })
 		},
 	}
 }
@@ -334,9 +362,15 @@ func gcCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "gc",
 		Usage: "stop and remove everything left of a job on this node (epilog)",
-		Flags: []cli.Flag{&cli.UintFlag{Name: "job", Required: true}},
+		Flags: []cli.Flag{&cli.UintFlag{Name: "job", Required: true}, nodeFlag},
 		Action: func(c *cli.Context) error {
-			return teardown(c, func(l *launcher.Launcher) error { return l.GC(c.Context, uint32(c.Uint("job"))) })
+			node := c.String("node")
+			if node != "" {
+				if err := state.CheckNodeName(node); err != nil {
+					return cli.Exit("--node: "+err.Error(), 2)
+				}
+			}
+			return teardown(c, func(l *launcher.Launcher) error { return l.GC(c.Context, uint32(c.Uint("job")), node) })
 		},
 	}
 }

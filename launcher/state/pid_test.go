@@ -50,7 +50,7 @@ func TestStepID(t *testing.T) {
 	if err != nil || got != id {
 		t.Fatalf("round trip %v -> %q -> %v %v", id, id.String(), got, err)
 	}
-	for _, bad := range []string{"", "1.2", "1.2.3.4", "a.b.c", "1.-2.3"} {
+	for _, bad := range []string{"", "1.2", "1.2.3.4/5", "a.b.c", "1.-2.3"} {
 		if _, err := ParseStepID(bad); err == nil {
 			t.Errorf("ParseStepID(%q) accepted", bad)
 		}

@@ -269,13 +269,13 @@ func TestStopWinsOverStart(t *testing.T) {
 	if err := other.MarkStopped(); err != nil {
 		t.Fatal(err)
 	}
-	if err := PruneStopRecords(root, 9, time.Now()); err != nil {
+	if err := PruneStopRecords(root, 9, "", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if d.CheckPrepare() != nil || other.CheckPrepare() == nil {
 		t.Errorf("prune of job 9: job 9 stopped %v, job 10 stopped %v", d.CheckPrepare(), other.CheckPrepare())
 	}
-	if err := PruneStopRecords(root, 0, time.Now().Add(StopRecordTTL+time.Hour)); err != nil {
+	if err := PruneStopRecords(root, 0, "", time.Now().Add(StopRecordTTL+time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	if other.CheckPrepare() != nil {

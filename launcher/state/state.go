@@ -2,7 +2,7 @@
 //
 // Every step that runs in a microVM owns one directory under the runtime root
 // (default /run/slurm-microvm, root-owned 0755 and writable by nobody else),
-// named "<job>.<step>.<restart>". Teardown needs nothing but the job and step
+// named "<job>.<step>.<restart>.<node>" (StepID). Teardown needs nothing but the job and step
 // ids: every pid and path of the sandbox is recorded here as soon as it
 // exists.
 //
@@ -18,7 +18,7 @@
 //	launcher.log  supervisor log (log/slog text); the admin's copy outlives the
 //	              step under [log] dir (default /var/log/slurm-microvm)
 //
-// and <root>/stopped/<job>.<step>.<restart>, the stop record, which outlives
+// and <root>/stopped/<job>.<step>.<restart>.<node>, the stop record, which outlives
 // the step directory (see MarkStopped).
 //
 // # Who reads a step's state
@@ -85,35 +85,81 @@ const (
 	StopFile = "stop"
 )
 
-// StepID identifies one step of one job on this node. Restart is the job's
+// StepID identifies one step of one job on one node. Restart is the job's
 // restart count (S_SLURM_RESTART_COUNT), so a requeued job never meets the
-// state of its previous run.
+// state of its previous run. Node is the Slurm node name (SLURMD_NODENAME):
+// several slurmd on one host (Slurm's multiple-slurmd) share the runtime
+// root, and each node's part of a step is its own sandbox. Node is "" for
+// a step with no Slurm node (a user's `slurm-microvm run`).
 type StepID struct {
 	Job     uint32
 	Step    uint32
 	Restart uint32
+	Node    string
 }
 
-// String renders the directory name "<job>.<step>.<restart>".
+// String renders the directory name "<job>.<step>.<restart>", followed by
+// ".<node>" when Node is set.
 func (id StepID) String() string {
-	return fmt.Sprintf("%d.%d.%d", id.Job, id.Step, id.Restart)
+	s := fmt.Sprintf("%d.%d.%d", id.Job, id.Step, id.Restart)
+	if id.Node != "" {
+		s += "." + id.Node
+	}
+	return s
 }
 
-// ParseStepID parses "<job>.<step>.<restart>" as written by String.
+// maxNodeName bounds a node name (Slurm's own limit is larger; a name in
+// the runtime directory, a log file name and an interface alias must fit).
+const maxNodeName = 64
+
+// CheckNodeName checks a Slurm node name as it appears in the state's
+// names: 1-64 bytes of letters, digits, '.', '_' and '-', starting with a
+// letter or digit (hostnames, RFC 1123, plus '_', which Slurm allows).
+// The error names the input and the rule.
+func CheckNodeName(name string) error {
+	if name == "" || len(name) > maxNodeName {
+		return fmt.Errorf("node name %q: want 1-%d bytes", name, maxNodeName)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		alnum := c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if i == 0 && !alnum || !alnum && c != '.' && c != '_' && c != '-' {
+			return fmt.Errorf("node name %q: byte %d (%q) is not allowed: a node name is letters, digits, '.', '_' and '-', starting with a letter or digit", name, i+1, c)
+		}
+	}
+	return nil
+}
+
+// ParseStepID parses what String writes: "<job>.<step>.<restart>" or
+// "<job>.<step>.<restart>.<node>" (the node name may hold dots).
 func ParseStepID(s string) (StepID, error) {
-	parts := strings.Split(s, ".")
-	if len(parts) != 3 {
-		return StepID{}, fmt.Errorf("step id %q: want <job>.<step>.<restart>", s)
+	parts := strings.SplitN(s, ".", 4)
+	if len(parts) < 3 {
+		return StepID{}, fmt.Errorf("step id %q: want <job>.<step>.<restart>[.<node>]", s)
 	}
 	var v [3]uint32
-	for i, p := range parts {
+	for i, p := range parts[:3] {
 		n, err := strconv.ParseUint(p, 10, 32)
 		if err != nil {
 			return StepID{}, fmt.Errorf("step id %q: field %d: %w", s, i+1, err)
 		}
 		v[i] = uint32(n)
 	}
-	return StepID{Job: v[0], Step: v[1], Restart: v[2]}, nil
+	id := StepID{Job: v[0], Step: v[1], Restart: v[2]}
+	if len(parts) == 4 {
+		if err := CheckNodeName(parts[3]); err != nil {
+			return StepID{}, fmt.Errorf("step id %q: %w", s, err)
+		}
+		id.Node = parts[3]
+	}
+	return id, nil
+}
+
+// OfJobOnNode tells whether a name written by String is a step of job on
+// node (node "": a step with no node).
+func OfJobOnNode(name string, job uint32, node string) bool {
+	id, err := ParseStepID(name)
+	return err == nil && id.Job == job && id.Node == node
 }
 
 // Dir is the runtime directory of one step.

@@ -6,8 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -141,9 +139,10 @@ func (d Dir) CheckPrepare() error {
 	return nil
 }
 
-// PruneStopRecords removes the stop records of job (all of them; job 0:
-// none) and every record older than StopRecordTTL.
-func PruneStopRecords(root string, job uint32, now time.Time) error {
+// PruneStopRecords removes the stop records of job on node (all of them;
+// job 0: none) and every record older than StopRecordTTL. Another node's
+// records (multiple-slurmd) are left to that node's epilog.
+func PruneStopRecords(root string, job uint32, node string, now time.Time) error {
 	dir := filepath.Join(root, StoppedDir)
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -152,14 +151,13 @@ func PruneStopRecords(root string, job uint32, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("prune stop records: %w", err)
 	}
-	prefix := strconv.FormatUint(uint64(job), 10) + "."
 	var errs []error
 	for _, e := range ents {
 		old := false
 		if fi, err := e.Info(); err == nil && now.Sub(fi.ModTime()) > StopRecordTTL {
 			old = true
 		}
-		if old || (job != 0 && strings.HasPrefix(e.Name(), prefix)) {
+		if old || (job != 0 && OfJobOnNode(e.Name(), job, node)) {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 			}
