@@ -23,6 +23,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/driverset"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
+	"github.com/slurm-microvm/slurm-microvm/launcher/network"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
@@ -56,6 +57,9 @@ func (l *Launcher) Prepare(ctx context.Context, s *Spec) error {
 		return fmt.Errorf("prepare: %d local tasks", s.LocalTasks)
 	}
 	if _, err := GuestMemoryMiB(s, 0, l.Config.Resources); err != nil {
+		return err
+	}
+	if _, err := l.Config.Network.NetworkMode(s.Network); err != nil {
 		return err
 	}
 	d := s.Dir(l.Config)
@@ -546,6 +550,16 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		BootTimeout: c.Timeouts.Boot.Duration,
 		StopGrace:   c.Timeouts.StopGrace.Duration,
 	})
+	if err := l.phase(ctx, d, "set up the step network"); err != nil {
+		return nil, nil, err
+	}
+	netw, closeNet, err := l.planNetwork(ctx, s, d, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The VMM holds its own descriptors once started; the host objects
+	// stay until stop (or gc) removes them by their recorded names.
+	defer closeNet()
 	if err := l.phase(ctx, d, "boot"); err != nil {
 		return nil, nil, err
 	}
@@ -557,7 +571,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		User: s.User, UID: s.UID, GID: s.GID, Groups: s.Groups,
 		Hostname: s.Hostname, Debug: s.Debug, Logger: log,
 		PCI: machine != nil, MachineArgs: machine, DeviceFiles: vfioFiles,
-		Shares: sharesForVM, GPUDriver: gpuDriver,
+		Shares: sharesForVM, GPUDriver: gpuDriver, Network: netw,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -607,6 +621,11 @@ func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
 		l.log().Error("GPUs not released", "step", id.String(), "err", err)
 		return fmt.Errorf("stop step %s: %w", id, err)
 	}
+	if err := teardownNetwork(ctx, d); err != nil {
+		// Keep the state (and its record) for the epilog's gc to retry.
+		l.log().Error("step network not removed", "step", id.String(), "err", err)
+		return fmt.Errorf("stop step %s: %w", id, err)
+	}
 	if err := l.Config.Mounts.RemoveScratch(id.String()); err != nil {
 		return fmt.Errorf("stop step %s: %w", id, err)
 	}
@@ -647,6 +666,15 @@ func (l *Launcher) GC(ctx context.Context, job uint32, node string) error {
 		}
 		if err := l.Stop(ctx, id); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	// Network objects of steps whose state is already gone (a crashed
+	// stop, a supervisor killed while it set them up): found by name.
+	if os.Geteuid() == 0 {
+		if removed, err := network.GC(ctx, node, job); err != nil {
+			errs = append(errs, err)
+		} else if len(removed) > 0 {
+			l.log().Warn("removed leftover step network objects", "job", job, "node", node, "objects", removed)
 		}
 	}
 	// Scratch of steps whose state is already gone (a crashed stop).

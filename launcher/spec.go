@@ -52,6 +52,9 @@ type Spec struct {
 	// Network is --microvm-network as the user gave it; "": the site's
 	// default ([network] mode).
 	Network string `json:"network,omitempty"`
+	// SlurmConf is slurmstepd's SLURM_CONF ("" : Slurm's default), used
+	// when the launcher asks slurmctld for the step's node addresses.
+	SlurmConf string `json:"slurm_conf,omitempty"`
 }
 
 // Dir is the state directory of the spec's step under the configured root.

@@ -35,6 +35,7 @@ enum {
 	MV_OPT_MOUNTS,
 	MV_OPT_WORKDIR,
 	MV_OPT_MPI,
+	MV_OPT_NETWORK,
 };
 
 static int mv_option_cb(int val, const char *optarg, int remote);
@@ -67,6 +68,11 @@ static struct spank_option mv_spank_options[] = {
 	  "[microvm] the host's MPI in the guest: when the ABIs match (auto, "
 	  "the default), always (host), never (image, off) (needs --microvm)",
 	  1, MV_OPT_MPI, mv_option_cb },
+	{ "microvm-network", "none|step|user",
+	  "[microvm] the guest's network: none, the step's own network "
+	  "across its nodes (step), or outbound NAT (user); the site "
+	  "decides which are allowed (needs --microvm)",
+	  1, MV_OPT_NETWORK, mv_option_cb },
 	SPANK_OPTIONS_TABLE_END
 };
 
@@ -127,6 +133,9 @@ static int mv_option_cb(int val, const char *optarg, int remote)
 	case MV_OPT_WORKDIR:
 		dst = &mv.opt.workdir;
 		break;
+	case MV_OPT_NETWORK:
+		dst = &mv.opt.network;
+		break;
 	case MV_OPT_MPI:
 		dst = &mv.opt.mpi;
 		break;
@@ -177,6 +186,7 @@ char *mv_options_orphan(void)
 	MV_ORPHAN(mv.opt.mounts, "--microvm-mounts");
 	MV_ORPHAN(mv.opt.workdir, "--microvm-workdir");
 	MV_ORPHAN(mv.opt.mpi, "--microvm-mpi");
+	MV_ORPHAN(mv.opt.network, "--microvm-network");
 #undef MV_ORPHAN
 	if (!n)
 		return NULL;
@@ -383,5 +393,9 @@ void mv_argv_options(struct mv_argv *a)
 	if (mv.opt.mpi) {
 		mv_argv_add(a, "--mpi");
 		mv_argv_add(a, mv.opt.mpi);
+	}
+	if (mv.opt.network) {
+		mv_argv_add(a, "--network");
+		mv_argv_add(a, mv.opt.network);
 	}
 }

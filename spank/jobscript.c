@@ -34,6 +34,8 @@ int mv_job_epilog(spank_t sp)
 {
 	struct mv_argv a = { 0 };
 	uint32_t job = 0;
+	char node[65] = "";
+	const char *env;
 	int rc;
 
 	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS &&
@@ -46,6 +48,15 @@ int mv_job_epilog(spank_t sp)
 	mv_argv_launcher(&a, "gc");
 	mv_argv_add(&a, "--job");
 	mv_argv_addf(&a, "%u", job);
+	/* The epilog's environment names the node (multiple-slurmd). */
+	if (spank_getenv(sp, "SLURMD_NODENAME", node, sizeof(node)) ==
+		    ESPANK_SUCCESS && node[0]) {
+		mv_argv_add(&a, "--node");
+		mv_argv_add(&a, node);
+	} else if ((env = getenv("SLURMD_NODENAME")) && env[0]) {
+		mv_argv_add(&a, "--node");
+		mv_argv_add(&a, env);
+	}
 	rc = mv_run("gc", &a, mv_clean_env, MV_OUTPUT_LOG, mv.cfg.timeout_s,
 		    NULL);
 	mv_argv_free(&a);

@@ -63,12 +63,14 @@ struct mv_options {
 	char *mounts;  /* --microvm-mounts=SPEC    */
 	char *workdir; /* --microvm-workdir=DIR    */
 	char *mpi;     /* --microvm-mpi=MODE       */
+	char *network; /* --microvm-network=MODE   */
 	int debug;     /* --microvm-debug          */
 };
 
 /* What slurmstepd (remote context) knows about this step on this node. */
 struct mv_step {
 	uint32_t job, step, restart;
+	char node[65];      /* SLURMD_NODENAME ("" when slurmstepd has none) */
 	int active;         /* a --microvm step handed to the launcher     */
 	int prepared;       /* `prepare` was run (stop/exit must tear down) */
 	int prepare_ok;     /* ... and succeeded (start may follow)        */

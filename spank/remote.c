@@ -58,6 +58,10 @@ static void mv_argv_step(struct mv_argv *a, const char *sub)
 	mv_argv_addf(a, "%u", mv.step.step);
 	mv_argv_add(a, "--restart");
 	mv_argv_addf(a, "%u", mv.step.restart);
+	if (mv.step.node[0]) {
+		mv_argv_add(a, "--node");
+		mv_argv_add(a, mv.step.node);
+	}
 }
 
 static int mv_remote_stop(const char *why)
@@ -186,12 +190,13 @@ int mv_remote_init_post_opt(spank_t sp)
 	struct mv_step *s = &mv.step;
 	struct mv_argv a = { 0 };
 	char gpus[4096] = "", cwd[4096] = "", menv[8192] = "";
+	char nodes[8192] = "";
 	char mem_node[64] = "", mem_cpu[64] = "";
 	char *user = NULL, *groups = NULL, *cores = NULL, *why = NULL;
 	char **argv = NULL;
 	int argc = 0, uerr = 0;
 	uint64_t mem = 0;
-	const char *host;
+	const char *host, *node, *conf;
 	spank_err_t err;
 	char *orphan = NULL;
 	uid_t uid;
@@ -220,6 +225,14 @@ int mv_remote_init_post_opt(spank_t sp)
 	if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &s->restart) !=
 	    ESPANK_SUCCESS)
 		s->restart = 0;
+	/*
+	 * slurmstepd sets SLURMD_NODENAME in its own environment (the node
+	 * name, which differs from the hostname under multiple-slurmd); the
+	 * launcher checks the name.
+	 */
+	node = getenv("SLURMD_NODENAME");
+	if (node && strlen(node) < sizeof(s->node))
+		strcpy(s->node, node);
 
 	/* From here on the tasks never run outside the microVM. */
 	s->active = 1;
@@ -312,6 +325,20 @@ int mv_remote_init_post_opt(spank_t sp)
 		mv_argv_add(&a, "--cwd");
 		mv_argv_add(&a, cwd);
 	}
+	/* The step's nodes, for its network (hostlist, as Slurm writes it). */
+	if (mv_getenv(sp, "SLURM_STEP_NODELIST", nodes, sizeof(nodes)) < 0)
+		goto out;
+	if (nodes[0]) {
+		mv_argv_add(&a, "--nodes");
+		mv_argv_add(&a, nodes);
+	}
+	/* slurmstepd's slurm.conf, for the launcher's scontrol (node
+	 * addresses of the step network); the launcher runs with a clean
+	 * environment. */
+	if ((conf = getenv("SLURM_CONF")) && conf[0]) {
+		mv_argv_add(&a, "--slurm-conf");
+		mv_argv_add(&a, conf);
+	}
 	mv_argv_options(&a);
 	/* Environment fallback of --microvm-mounts (the job's environment). */
 	if (!mv.opt.mounts &&
@@ -401,8 +428,8 @@ int mv_remote_task_init(spank_t sp)
 	}
 
 	/* The launcher finds the state under microvm.toml's runtime_dir. */
-	n = snprintf(state, sizeof(state), "%u.%u.%u", s->job, s->step,
-		     s->restart);
+	n = snprintf(state, sizeof(state), "%u.%u.%u%s%s", s->job, s->step,
+		     s->restart, s->node[0] ? "." : "", s->node);
 	if (n < 0 || (size_t)n >= sizeof(state))
 		return -1;
 	if ((err = spank_setenv(sp, "SLURM_MICROVM_ARGV0", argv[0], 1)) !=

@@ -73,11 +73,15 @@ func validateCommand() *cli.Command {
 			&cli.StringFlag{Name: "image", Required: true},
 			&cli.BoolFlag{Name: "debug"},
 			&cli.StringFlag{Name: "mounts"}, &cli.StringFlag{Name: "workdir"}, &cli.StringFlag{Name: "mpi"},
+			&cli.StringFlag{Name: "network"},
 		},
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c, true)
 			if err != nil {
 				return err
+			}
+			if _, err := cfg.Network.NetworkMode(c.String("network")); err != nil {
+				return cli.Exit(err.Error(), 2)
 			}
 			uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
 			if m := c.String("mpi"); m != "" && !slices.Contains(launcher.MPIModes, m) {
@@ -179,6 +183,7 @@ func prepareCommand() *cli.Command {
 			&cli.StringFlag{Name: "mounts-env", Usage: "SLURM_MICROVM_MOUNTS of the job, used when --mounts is not given"},
 			&cli.StringFlag{Name: "nodes", Usage: "SLURM_STEP_NODELIST: the step's nodes (hostlist)"},
 			&cli.StringFlag{Name: "network", Usage: "--microvm-network: the step network mode"},
+			&cli.StringFlag{Name: "slurm-conf", Usage: "slurm.conf of the node's slurmd (SLURM_CONF), for scontrol"},
 		),
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c, true)
@@ -238,7 +243,7 @@ func prepareCommand() *cli.Command {
 				MemPerNodeMiB: perNode, MemPerCPUMiB: perCPU,
 				LocalTasks: c.Int("tasks"), Hostname: host, Debug: c.Bool("debug"),
 				Mounts: mounts, MountsOrigin: origin, Workdir: workdir, MPI: c.String("mpi"),
-				Nodes: c.String("nodes"), Network: c.String("network"),
+				Nodes: c.String("nodes"), Network: c.String("network"), SlurmConf: c.String("slurm-conf"),
 			}
 			l := &launcher.Launcher{Config: cfg}
 			if err := l.Prepare(c.Context, s); err != nil {

@@ -45,6 +45,8 @@ type Config struct {
 	MPI    MPI       `toml:"mpi"`
 	Log    Log       `toml:"log"`
 	Images Images    `toml:"images"`
+	// Network is the guests' network (launcher/network).
+	Network Network `toml:"network"`
 }
 
 // Log keeps each step's supervisor log for the admin after the step (the
@@ -224,11 +226,12 @@ func Defaults() Config {
 			MinMemoryMiB:     128,
 			OverlayMiB:       1024,
 		},
-		GPU:    GPU{GresConf: "/etc/slurm/gres.conf", Driver: GPUDriver{Inject: &inject, Root: "/"}, NVSwitch: "refuse"},
-		Mounts: fs.DefaultPolicy(),
-		MPI:    MPI{Default: "auto", Version: "full"},
-		Log:    Log{Dir: "/var/log/slurm-microvm", Keep: 1000, MaxAge: Duration{30 * 24 * time.Hour}},
-		Images: Images{MaxImageMiB: 65536, MaxLayerMiB: 32768, MaxEntries: 2000000, UserCacheMiB: 131072},
+		GPU:     GPU{GresConf: "/etc/slurm/gres.conf", Driver: GPUDriver{Inject: &inject, Root: "/"}, NVSwitch: "refuse"},
+		Mounts:  fs.DefaultPolicy(),
+		MPI:     MPI{Default: "auto", Version: "full"},
+		Log:     Log{Dir: "/var/log/slurm-microvm", Keep: 1000, MaxAge: Duration{30 * 24 * time.Hour}},
+		Images:  Images{MaxImageMiB: 65536, MaxLayerMiB: 32768, MaxEntries: 2000000, UserCacheMiB: 131072},
+		Network: defaultNetwork(),
 		Timeouts: Timeouts{
 			Boot:      Duration{90 * time.Second},
 			Start:     Duration{15 * time.Minute},
@@ -354,6 +357,7 @@ func (c *Config) validate(path string, data []byte) []error {
 		bad("gpu.gres_conf", "%q must be an absolute path", c.GPU.GresConf)
 	}
 	checkGPUDriver(&c.GPU, bad)
+	checkNetwork(&c.Network, bad)
 	if c.QEMU.Kernel != "" && !strings.HasPrefix(c.QEMU.Kernel, "/") {
 		bad("qemu.kernel", "%q must be an absolute path", c.QEMU.Kernel)
 	}

@@ -73,6 +73,10 @@ type Request struct {
 	// MTU of the guest interface; 0: the underlay device's MTU less the
 	// VXLAN overhead (50 bytes), found at Setup.
 	MTU int
+	// UserSubnet holds the per-step links of user mode (100.64.0.0/16 by
+	// default); UserAllow are private destinations user mode may reach.
+	UserSubnet netip.Prefix
+	UserAllow  []netip.Prefix
 }
 
 // Names are the host-side objects of one step on one node, all derived

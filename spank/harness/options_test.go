@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher"
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 )
 
 // parseOptions turns "--microvm=a --microvm-debug" into options (values
@@ -151,6 +152,7 @@ func TestOptionHelp(t *testing.T) {
 		"microvm-mounts":  "SRC[:DST[:FLAGS]],...",
 		"microvm-workdir": "DIR",
 		"microvm-mpi":     strings.Join(launcher.MPIModes, "|"),
+		"microvm-network": strings.Join(config.NetworkModes, "|"),
 	}
 	help := h.Help()
 	if len(help) != len(want) {

@@ -18,7 +18,7 @@ import (
 // The plugin and the fake host keep C globals: no test here runs parallel.
 
 // wantOptions are the options the plugin registers, "=" marks an argument.
-var wantOptions = []string{"microvm=", "microvm-debug", "microvm-mounts=", "microvm-workdir=", "microvm-mpi="}
+var wantOptions = []string{"microvm=", "microvm-debug", "microvm-mounts=", "microvm-workdir=", "microvm-mpi=", "microvm-network="}
 
 // option is one --name[=value] as Slurm replays it to the plugin.
 type option struct{ name, value string }
@@ -331,24 +331,30 @@ func TestRemoteStep(t *testing.T) {
 		opts     []option
 		exitSeq  []int // local task ids in task_exit order
 		prepare  []string
-		stepArgs []string // --job J --step S --restart R
+		stepArgs []string // --job J --step S --restart R [--node N]
 		state    string   // SLURM_MICROVM_STEP
+		node     string   // slurmstepd's SLURMD_NODENAME ("": unset)
 	}{
 		{
 			name: "every option",
-			job:  remoteJob,
+			job: func() Job {
+				j := remoteJob()
+				j.Env["SLURM_STEP_NODELIST"] = "n[7-8]"
+				return j
+			},
 			opts: []option{
 				{"microvm", "/images/a.img"}, {"microvm-debug", ""}, {"microvm-mounts", "/data:/data:ro"},
-				{"microvm-workdir", "/work"}, {"microvm-mpi", "pmix"},
+				{"microvm-workdir", "/work"}, {"microvm-mpi", "pmix"}, {"microvm-network", "step"},
 			},
 			exitSeq: []int{1, 0},
-			prepare: []string{"prepare", "--job", "42", "--step", "3", "--restart", "1",
+			prepare: []string{"prepare", "--job", "42", "--step", "3", "--restart", "1", "--node", "n7",
 				"--uid", uid, "--gid", gid, "--groups", "10,20", "--user", user,
 				"--image", "/images/a.img", "--cores", "0-3", "--mem-mb", "2048",
-				"--gpus", "1,3", "--tasks", "2",
-				"--debug", "--mounts", "/data:/data:ro", "--workdir", "/work", "--mpi", "pmix"},
-			stepArgs: []string{"--job", "42", "--step", "3", "--restart", "1"},
-			state:    "42.3.1",
+				"--gpus", "1,3", "--tasks", "2", "--nodes", "n[7-8]",
+				"--debug", "--mounts", "/data:/data:ro", "--workdir", "/work", "--mpi", "pmix", "--network", "step"},
+			stepArgs: []string{"--job", "42", "--step", "3", "--restart", "1", "--node", "n7"},
+			state:    "42.3.1.n7",
+			node:     "n7",
 		},
 		{
 			name: "bare step, unknown restart count",
@@ -373,6 +379,8 @@ func TestRemoteStep(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("MICROVM_TEST_MARKER", "slurmstepd-env")
+			t.Setenv("SLURMD_NODENAME", tt.node)
+			t.Setenv("SLURM_CONF", "")
 			leakFds(t)
 			f := newFakeLauncher(t)
 			job := tt.job()
