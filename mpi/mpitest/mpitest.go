@@ -134,6 +134,10 @@ type Result struct {
 	// BandwidthMBps one-way bandwidth in 10^6 bytes per second. Zero
 	// without a ping-pong (one rank).
 	LatencyUS, BandwidthMBps float64
+	// PairsChecked is the number of rank-to-rank transfers whose data
+	// the receiver checked (N*(N-1): every ordered pair); PairsBad those
+	// that arrived wrong. PairsChecked is -1 when the line is missing.
+	PairsChecked, PairsBad int
 	// Done is true when rank 0 passed the final barrier.
 	Done bool
 }
@@ -142,7 +146,7 @@ type Result struct {
 // and library warnings). It fails when a rank line contradicts another or
 // no rank reported.
 func ParseHello(out []byte) (*Result, error) {
-	r := &Result{Ranks: map[int]Rank{}}
+	r := &Result{Ranks: map[int]Rank{}, PairsChecked: -1}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 64*1024), 1<<20)
 	for sc.Scan() {
@@ -178,6 +182,9 @@ func ParseHello(out []byte) (*Result, error) {
 		case len(f) == 5 && f[0] == "allreduce" && f[1] == "sum" && f[3] == "expected":
 			r.Sum, _ = strconv.Atoi(f[2])
 			r.Expected, _ = strconv.Atoi(f[4])
+		case len(f) == 5 && f[0] == "pairs" && f[1] == "checked" && f[3] == "bad":
+			r.PairsChecked, _ = strconv.Atoi(f[2])
+			r.PairsBad, _ = strconv.Atoi(f[4])
 		case len(f) >= 3 && f[0] == "pingpong" && f[1] == "latency_us":
 			r.LatencyUS, _ = strconv.ParseFloat(f[2], 64)
 		case len(f) >= 3 && f[0] == "pingpong" && f[1] == "bandwidth_MBps":
@@ -193,13 +200,17 @@ func ParseHello(out []byte) (*Result, error) {
 }
 
 // Check verifies a complete run of n ranks: every rank reported, the
-// allreduce is right, rank 0 finished, and (n >= 2) the ping-pong ran.
+// allreduce is right, every ordered pair of ranks exchanged checked data,
+// rank 0 finished, and (n >= 2) the ping-pong ran.
 func (r *Result) Check(n int) error {
 	if r.Size != n || len(r.Ranks) != n {
 		return fmt.Errorf("want %d ranks, got size %d with %d ranks reporting", n, r.Size, len(r.Ranks))
 	}
 	if r.Sum != r.Expected || r.Expected != n*(n+1)/2 {
 		return fmt.Errorf("allreduce sum %d, expected %d", r.Sum, n*(n+1)/2)
+	}
+	if r.PairsChecked != n*(n-1) || r.PairsBad != 0 {
+		return fmt.Errorf("every-pair exchange: %d of %d transfers checked, %d arrived wrong", r.PairsChecked, n*(n-1), r.PairsBad)
 	}
 	if n >= 2 && (r.LatencyUS <= 0 || r.BandwidthMBps <= 0) {
 		return fmt.Errorf("ping-pong missing or zero: latency %v us, bandwidth %v MB/s", r.LatencyUS, r.BandwidthMBps)

@@ -46,7 +46,7 @@ func TestHelloOnHost(t *testing.T) {
 }
 
 func TestParseHello(t *testing.T) {
-	out := []byte("warning: something\nrank 1 of 2\nrank 1 libmpi /x/libmpi.so.40\nrank 1 host h\nrank 0 of 2\nrank 0 libmpi /x/libmpi.so.40\nrank 0 host h\nlibrary Open MPI v4.1.4, package\nallreduce sum 3 expected 3\npingpong latency_us 0.5 bytes 8 iters 10\npingpong bandwidth_MBps 900.5 bytes 1048576 iters 5\ndone\n")
+	out := []byte("warning: something\nrank 1 of 2\nrank 1 libmpi /x/libmpi.so.40\nrank 1 host h\nrank 0 of 2\nrank 0 libmpi /x/libmpi.so.40\nrank 0 host h\nlibrary Open MPI v4.1.4, package\nallreduce sum 3 expected 3\npairs checked 2 bad 0\npingpong latency_us 0.5 bytes 8 iters 10\npingpong bandwidth_MBps 900.5 bytes 1048576 iters 5\ndone\n")
 	r, err := ParseHello(out)
 	if err != nil {
 		t.Fatal(err)
@@ -66,5 +66,12 @@ func TestParseHello(t *testing.T) {
 	r, _ = ParseHello([]byte("rank 0 of 2\nallreduce sum 2 expected 3\ndone\n"))
 	if err := r.Check(2); err == nil {
 		t.Error("wrong sum accepted")
+	}
+	// The every-pair exchange: missing, short, or with bad data.
+	for _, pairs := range []string{"", "pairs checked 1 bad 0\n", "pairs checked 2 bad 1\n"} {
+		r, _ = ParseHello([]byte("rank 0 of 2\nrank 1 of 2\nallreduce sum 3 expected 3\n" + pairs + "pingpong latency_us 0.5 bytes 8 iters 10\npingpong bandwidth_MBps 900.5 bytes 1048576 iters 5\ndone\n"))
+		if err := r.Check(2); err == nil || !strings.Contains(err.Error(), "every-pair exchange") {
+			t.Errorf("pairs line %q: Check = %v, want an every-pair error", pairs, err)
+		}
 	}
 }

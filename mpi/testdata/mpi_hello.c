@@ -9,6 +9,9 @@
  *   rank R host HOSTNAME
  *   library FIRST-LINE            (rank 0: MPI_Get_library_version)
  *   allreduce sum S expected E    (rank 0: sum over ranks of rank+1)
+ *   pairs checked C bad B         (rank 0: every rank sent a 64 KiB
+ *                                  pattern to every other rank, which
+ *                                  checked it: C = N*(N-1) transfers)
  *   pingpong latency_us L bytes B iters I      (rank 0, N >= 2)
  *   pingpong bandwidth_MBps W bytes B iters I  (rank 0, N >= 2)
  *   done
@@ -84,6 +87,38 @@ int main(int argc, char **argv)
 	MPI_Allreduce(&mine, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
 	if (rank == 0)
 		printf("allreduce sum %d expected %d\n", sum, size * (size + 1) / 2);
+
+	/* Every ordered pair: in round r each rank sends to rank+r and
+	 * receives from rank-r a buffer whose bytes name sender, receiver and
+	 * offset, and checks what arrived. */
+	{
+		enum { PAIR_BYTES = 65536 };
+		unsigned char *out = malloc(PAIR_BYTES), *in = malloc(PAIR_BYTES);
+		int bad = 0, checked = 0, tbad = 0, tchecked = 0;
+		if (out == NULL || in == NULL)
+			MPI_Abort(MPI_COMM_WORLD, 2);
+		for (int r = 1; r < size; r++) {
+			int to = (rank + r) % size, from = (rank - r + size) % size;
+			for (int k = 0; k < PAIR_BYTES; k++)
+				out[k] = (unsigned char)(rank * 31 + to * 7 + k);
+			memset(in, 0, PAIR_BYTES);
+			MPI_Sendrecv(out, PAIR_BYTES, MPI_BYTE, to, 3, in, PAIR_BYTES, MPI_BYTE, from, 3,
+				     MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			for (int k = 0; k < PAIR_BYTES; k++) {
+				if (in[k] != (unsigned char)(from * 31 + rank * 7 + k)) {
+					bad++;
+					break;
+				}
+			}
+			checked++;
+		}
+		MPI_Reduce(&bad, &tbad, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+		MPI_Reduce(&checked, &tchecked, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+		if (rank == 0)
+			printf("pairs checked %d bad %d\n", tchecked, tbad);
+		free(out);
+		free(in);
+	}
 
 	if (size >= 2 && rank < 2) {
 		int peer = 1 - rank;
