@@ -54,6 +54,10 @@ var prerequisites = []string{
 	"squeue", "scancel", "scontrol", "sinfo", "useradd", "setsid", "ss",
 }
 
+// twoNodePrerequisites are what Options.Nodes == 2 needs besides
+// prerequisites (packages iproute2, util-linux, coreutils).
+var twoNodePrerequisites = []string{"ip", "nsenter", "setpriv", "md5sum"}
+
 // accountingPrerequisites are what Options.Accounting needs besides
 // prerequisites (packages mariadb-server and slurmdbd).
 var accountingPrerequisites = []string{
@@ -88,6 +92,16 @@ type Options struct {
 	// LockTimeout bounds the wait for another test's cluster to go away;
 	// 0 means 5 min.
 	LockTimeout time.Duration
+	// Nodes is the number of slurmd "nodes": 0 or 1 is the one-node
+	// cluster (NodeAddr=127.0.0.1, in the caller's network namespace); 2
+	// is two-node mode (up.sh NODES=2): two slurmd (multiple-slurmd) in
+	// network namespaces of their own on a private bridge, slurmctld and
+	// every client in a third. See doc.go.
+	Nodes int
+	// NodeNames are the two node names in two-node mode (default n1, n2);
+	// lower-case letters and digits, at most 16 bytes. Ignored with one
+	// node (NODE_NAME in Env names that one).
+	NodeNames []string
 	// Accounting starts a private MariaDB (datadir, socket and pid file
 	// under Dir/db, no TCP) and slurmdbd (port 6819 on loopback, or
 	// SLURMDBD_PORT in Env), registers the cluster, and configures
@@ -117,7 +131,17 @@ type Cluster struct {
 	UpOutput string
 
 	scripts string
+	// Two-node mode only (empty otherwise): the node names in order, the
+	// controller's namespace and address, and each node's.
+	nodes   []string
+	ctlNS   string
+	ctlAddr string
+	nodeNS  map[string]string
+	addr    map[string]string
 }
+
+// NetNSDir is where up.sh's network namespaces are (ip netns add).
+const NetNSDir = "/run/netns"
 
 // Up starts a cluster for t and registers its teardown with t.Cleanup (on
 // failure the tails of the daemon logs are logged first). It skips t when not
@@ -129,9 +153,18 @@ func Up(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	prereq.Root(t, "cluster: slurmd, munged, cgroups; run the tests as root")
 	var missing []string
-	need := prerequisites
+	if opts.Nodes < 0 || opts.Nodes > 2 {
+		t.Fatalf("cluster: Options.Nodes = %d: want 0 or 1 (one node) or 2 (two-node mode)", opts.Nodes)
+	}
+	if opts.Nodes == 2 && len(opts.NodeNames) != 0 && len(opts.NodeNames) != 2 {
+		t.Fatalf("cluster: Options.NodeNames %q: want none (n1, n2) or two names", opts.NodeNames)
+	}
+	need := append([]string{}, prerequisites...)
 	if opts.Accounting {
-		need = append(append([]string{}, prerequisites...), accountingPrerequisites...)
+		need = append(need, accountingPrerequisites...)
+	}
+	if opts.Nodes == 2 {
+		need = append(need, twoNodePrerequisites...)
 	}
 	for _, p := range need {
 		if _, ok := lookClean(p); !ok {
@@ -181,7 +214,13 @@ func Up(t testing.TB, opts Options) *Cluster {
 	c := &Cluster{Dir: dir, Conf: filepath.Join(dir, "etc", "slurm.conf"), scripts: scripts}
 	t.Cleanup(func() {
 		if t.Failed() {
-			logs := []string{"slurmctld.log", "slurmd.log"}
+			logs := []string{"slurmctld.log"}
+			if len(c.nodes) == 0 {
+				logs = append(logs, "slurmd.log")
+			}
+			for _, n := range c.nodes {
+				logs = append(logs, "slurmd-"+n+".log")
+			}
 			if opts.Accounting {
 				logs = append(logs, "slurmdbd.log", "mariadbd.out")
 			}
@@ -211,6 +250,12 @@ func Up(t testing.TB, opts Options) *Cluster {
 		"TEST_USER="+TestUser,
 		"ACCOUNTING="+map[bool]string{false: "0", true: "1"}[opts.Accounting],
 	)
+	if opts.Nodes == 2 {
+		env = append(env, "NODES=2")
+		if len(opts.NodeNames) == 2 {
+			env = append(env, "NODE_NAMES="+strings.Join(opts.NodeNames, " "))
+		}
+	}
 	env = append(env, opts.Env...)
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout+30*time.Second)
 	defer cancel()
@@ -248,7 +293,8 @@ func lookClean(name string) (string, bool) {
 	return name, false
 }
 
-// readEnv fills Node, CgroupVersion and Accounting from Dir/env.
+// readEnv fills Node, CgroupVersion and Accounting from Dir/env, and in
+// two-node mode the nodes and namespaces from Dir/net.
 func (c *Cluster) readEnv() error {
 	b, err := os.ReadFile(filepath.Join(c.Dir, "env"))
 	if err != nil {
@@ -271,7 +317,115 @@ func (c *Cluster) readEnv() error {
 	if c.Node == "" || c.CgroupVersion == 0 {
 		return fmt.Errorf("read cluster env %s: no node name or cgroup version", c.Dir)
 	}
+	return c.readNet()
+}
+
+// readNet reads Dir/net ("KIND NETNS ADDR NODE" lines, up.sh NODES=2);
+// no such file is the one-node cluster.
+func (c *Cluster) readNet() error {
+	b, err := os.ReadFile(filepath.Join(c.Dir, "net"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read cluster network: %w", err)
+	}
+	c.nodeNS, c.addr = map[string]string{}, map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 {
+			return fmt.Errorf("read cluster network %s: bad line %q, want KIND NETNS ADDR NODE", filepath.Join(c.Dir, "net"), line)
+		}
+		switch f[0] {
+		case "ctl":
+			c.ctlNS, c.ctlAddr = filepath.Join(NetNSDir, f[1]), f[2]
+		case "node":
+			c.nodes = append(c.nodes, f[3])
+			c.nodeNS[f[3]] = filepath.Join(NetNSDir, f[1])
+			c.addr[f[3]] = f[2]
+		}
+	}
+	if c.ctlNS == "" || len(c.nodes) != 2 {
+		return fmt.Errorf("read cluster network %s: want a ctl line and two node lines", filepath.Join(c.Dir, "net"))
+	}
 	return nil
+}
+
+// Nodes are the cluster's node names in slurm.conf order: [Node] for the
+// one-node cluster, two names in two-node mode.
+func (c *Cluster) Nodes() []string {
+	if len(c.nodes) == 0 {
+		return []string{c.Node}
+	}
+	return append([]string(nil), c.nodes...)
+}
+
+// TwoNode tells whether the cluster runs in two-node mode (Options.Nodes).
+func (c *Cluster) TwoNode() bool { return len(c.nodes) != 0 }
+
+// NodeNetNS is the path of node's network namespace (under NetNSDir) in
+// two-node mode, where its slurmd, and so its steps, run; "" for the
+// one-node cluster (the caller's namespace) or an unknown node.
+func (c *Cluster) NodeNetNS(node string) string { return c.nodeNS[node] }
+
+// NodeNetNSPaths are NodeNetNS of every node, in Nodes order; none for the
+// one-node cluster.
+func (c *Cluster) NodeNetNSPaths() []string {
+	var out []string
+	for _, n := range c.nodes {
+		out = append(out, c.nodeNS[n])
+	}
+	return out
+}
+
+// CtlNetNS is the controller's network namespace in two-node mode
+// (slurmctld, slurmdbd, and every command Command prepares); "" otherwise.
+func (c *Cluster) CtlNetNS() string { return c.ctlNS }
+
+// NodeAddr is node's address (Slurm's NodeAddr): 127.0.0.1 for the
+// one-node cluster, its own address on the private bridge in two-node mode
+// (10.250.0.11, .12; up.sh FABRIC_NET); "" for an unknown node.
+func (c *Cluster) NodeAddr(node string) string {
+	if len(c.nodes) == 0 {
+		if node == c.Node {
+			return "127.0.0.1"
+		}
+		return ""
+	}
+	return c.addr[node]
+}
+
+// CtlAddr is slurmctld's address: 127.0.0.1, or 10.250.0.1 in two-node
+// mode.
+func (c *Cluster) CtlAddr() string {
+	if c.ctlAddr == "" {
+		return "127.0.0.1"
+	}
+	return c.ctlAddr
+}
+
+// NodeCommand prepares name args... as root in node's network namespace
+// (nsenter --net), as a step's supervisor on that node sees the network:
+// its links, addresses, routes and nftables. For the one-node cluster it
+// is a plain command in the caller's namespace. The caller may adjust
+// Env, Dir and stdio before starting it. Errors: an unknown node.
+func (c *Cluster) NodeCommand(ctx context.Context, node, name string, args ...string) (*exec.Cmd, error) {
+	if node != c.Node && c.nodeNS[node] == "" {
+		return nil, fmt.Errorf("run %s on node %q: no such node (nodes: %s)", name, node, strings.Join(c.Nodes(), ", "))
+	}
+	path, _ := lookClean(name)
+	var cmd *exec.Cmd
+	if ns := c.nodeNS[node]; ns != "" {
+		nsenter, _ := lookClean("nsenter")
+		cmd = exec.CommandContext(ctx, nsenter, append([]string{"--net=" + ns, "--", path}, args...)...)
+	} else {
+		cmd = exec.CommandContext(ctx, path, args...)
+	}
+	cmd.Env = append(c.Env(), "HOME=/root", "USER=root", "LOGNAME=root")
+	cmd.Dir = c.Dir
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	return cmd, nil
 }
 
 // lock takes LockFile exclusively, polling until timeout; the returned func
@@ -350,6 +504,13 @@ func (c *Cluster) Env() []string {
 // home directory as working directory, like a login). The caller may adjust
 // Env, Dir and stdio before starting it. When ctx ends the command gets
 // SIGTERM (srun then cancels its step) and SIGKILL 10 s later.
+//
+// In two-node mode the command runs in the controller's network namespace,
+// where slurmctld listens and where slurmd reaches srun back: it is
+// `nsenter --net=CTL -- name args...` for root and `nsenter --net=CTL --
+// setpriv --reuid --regid --groups -- name args...` for a user (nsenter
+// needs root; setpriv then takes the same ids a user's command gets
+// otherwise). Both exec, so the process started is name's, with its pid.
 func (c *Cluster) Command(ctx context.Context, userName, name string, args ...string) (*exec.Cmd, error) {
 	path, _ := lookClean(name)
 	cmd := exec.CommandContext(ctx, path, args...)
@@ -357,8 +518,14 @@ func (c *Cluster) Command(ctx context.Context, userName, name string, args ...st
 	cmd.Dir = c.Dir
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
+	var prefix []string
+	if c.ctlNS != "" {
+		nsenter, _ := lookClean("nsenter")
+		prefix = []string{nsenter, "--net=" + c.ctlNS, "--"}
+	}
 	if userName == "" || userName == "root" {
 		cmd.Env = append(cmd.Env, "HOME=/root", "USER=root", "LOGNAME=root")
+		wrap(cmd, prefix)
 		return cmd, nil
 	}
 	u, err := user.Lookup(userName)
@@ -369,10 +536,33 @@ func (c *Cluster) Command(ctx context.Context, userName, name string, args ...st
 	if err != nil {
 		return nil, fmt.Errorf("run %s as %s: %w", name, userName, err)
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if prefix != nil {
+		setpriv, _ := lookClean("setpriv")
+		groups := "--clear-groups"
+		if len(cred.Groups) > 0 {
+			ids := make([]string, len(cred.Groups))
+			for i, g := range cred.Groups {
+				ids[i] = strconv.FormatUint(uint64(g), 10)
+			}
+			groups = "--groups=" + strings.Join(ids, ",")
+		}
+		prefix = append(prefix, setpriv, fmt.Sprintf("--reuid=%d", cred.Uid), fmt.Sprintf("--regid=%d", cred.Gid), groups, "--")
+		wrap(cmd, prefix)
+	} else {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	cmd.Dir = u.HomeDir
 	cmd.Env = append(cmd.Env, "HOME="+u.HomeDir, "USER="+u.Username, "LOGNAME="+u.Username)
 	return cmd, nil
+}
+
+// wrap makes cmd run prefix... cmd.Path cmd.Args[1:] (no prefix: as is).
+func wrap(cmd *exec.Cmd, prefix []string) {
+	if len(prefix) == 0 {
+		return
+	}
+	cmd.Args = append(append(append([]string{}, prefix...), cmd.Path), cmd.Args[1:]...)
+	cmd.Path = prefix[0]
 }
 
 // credential is u's uid, primary gid and supplementary groups (what

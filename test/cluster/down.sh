@@ -9,8 +9,10 @@
 # has the recorded start time (no pid reuse accidents): TERM, wait, KILL;
 # then, as a backstop, KILL what is still inside this cluster's job cgroups
 # (slurm_<node>/uid_*/job_*: processes of jobs this cluster ran) and remove
-# those cgroups; remove the /dev/fakegpuN nodes up.sh created; remove the dir
-# (with the accounting database: its datadir is STATE_DIR/db).
+# those cgroups; remove the /dev/fakegpuN nodes up.sh created; with NODES=2,
+# delete the network namespaces STATE_DIR/net records (by name: their veth
+# pairs and bridge go with them); remove the dir (with the accounting
+# database: its datadir is STATE_DIR/db).
 # Never kills by name.
 set -uo pipefail
 
@@ -69,79 +71,95 @@ stop() {
 	log "warning: $1 (pid $pid) still there after KILL"
 }
 
+# The slurmd records: slurmd (one node) or slurmd@<node> (NODES=2).
+SLURMDS=$(awk '$1 == "slurmd" || $1 ~ /^slurmd@/ {print $1}' "$STATE/pids" 2>/dev/null | sort -u | tr '\n' ' ')
+any_slurmd() {
+	local d
+	for d in $SLURMDS; do recorded "$d" >/dev/null && return 0; done
+	return 1
+}
+# NODES=2: clients reach slurmctld from the controller's namespace only.
+IN_CTL=()
+CTL_NS=$(awk '$1 == "ctl" {print $2}' "$STATE/net" 2>/dev/null)
+[[ -n $CTL_NS && -e /run/netns/$CTL_NS ]] && IN_CTL=(nsenter "--net=/run/netns/$CTL_NS" --)
+
 # 1. Cancel this cluster's jobs while its slurmctld still answers, so that
 # slurmstepd cleans up steps (cgroups, SPANK exit/epilog callbacks) itself.
-if [[ -f $STATE/etc/slurm.conf ]] && recorded slurmctld >/dev/null && recorded slurmd >/dev/null; then
+if [[ -f $STATE/etc/slurm.conf ]] && recorded slurmctld >/dev/null && any_slurmd; then
 	export SLURM_CONF=$STATE/etc/slurm.conf
-	jobs=$(timeout 10 squeue -h -o %A 2>/dev/null | tr '\n' ' ')
+	jobs=$(timeout 10 ${IN_CTL[@]+"${IN_CTL[@]}"} squeue -h -o %A 2>/dev/null | tr '\n' ' ')
 	if [[ -n ${jobs// /} ]]; then
 		log "cancelling jobs: $jobs"
 		# shellcheck disable=SC2086
-		timeout 10 scancel $jobs 2>/dev/null
+		timeout 10 ${IN_CTL[@]+"${IN_CTL[@]}"} scancel $jobs 2>/dev/null
 		for ((i = 0; i < 200; i++)); do # KillWait=5 s, plus epilog
-			[[ -z $(timeout 10 squeue -h -o %A 2>/dev/null) ]] && break
+			[[ -z $(timeout 10 ${IN_CTL[@]+"${IN_CTL[@]}"} squeue -h -o %A 2>/dev/null) ]] && break
 			sleep 0.1
 		done
 	fi
 fi
 
-# 2. Daemons, the node daemon first; slurmctld sends what it still holds
+# 2. Daemons, the node daemons first; slurmctld sends what it still holds
 # for accounting to slurmdbd as it stops, slurmdbd to MariaDB; munged
 # (which slurmdbd needs to the end) last.
-for d in slurmd slurmctld slurmdbd mariadbd munged; do
+for d in $SLURMDS slurmctld slurmdbd mariadbd munged; do
 	stop "$d"
 done
 
 # 3. Backstop: leftovers in this cluster's job cgroups (a crashed test, a
 # stuck step). Only under slurm_<node>/uid_*/job_* (v1) or
-# system.slice/<node>_slurmstepd.scope/job_* (v2).
-NODE=$(cat "$STATE/node" 2>/dev/null || true)
-# Another live cluster of up.sh with the same node name shares those cgroups.
-for other in /run/slurm-microvm-test/*/; do
-	other=${other%/}
-	[[ $other != "$STATE" && -f $other/node && $(cat "$other/node") == "$NODE" && -f $other/pids ]] || continue
-	while read -r n pid st _; do
-		if [[ $n == slurmd && $(starttime "$pid") == "$st" ]]; then
-			log "cluster in $other (same node $NODE) is up: leaving the job cgroups alone"
-			NODE=""
+# system.slice/<node>_slurmstepd.scope/job_* (v2), for each node of
+# STATE_DIR/node (one name a line).
+mapfile -t NODE_LIST < <(grep -v '^$' "$STATE/node" 2>/dev/null)
+for NODE in ${NODE_LIST[@]+"${NODE_LIST[@]}"}; do
+	# Another live cluster of up.sh with the same node name shares those cgroups.
+	for other in /run/slurm-microvm-test/*/; do
+		other=${other%/}
+		[[ $other != "$STATE" && -f $other/node && -f $other/pids ]] || continue
+		grep -qxF -- "$NODE" "$other/node" || continue
+		while read -r n pid st _; do
+			if [[ ($n == slurmd || $n == "slurmd@$NODE") && $(starttime "$pid") == "$st" ]]; then
+				log "cluster in $other (same node $NODE) is up: leaving the job cgroups of $NODE alone"
+				NODE=""
+			fi
+		done <"$other/pids"
+	done
+	if [[ -n $NODE ]]; then
+		roots=()
+		if [[ $(stat -fc %T /sys/fs/cgroup) == tmpfs ]]; then
+			for c in /sys/fs/cgroup/*/; do
+				[[ -d ${c}slurm_$NODE ]] && roots+=("${c}slurm_$NODE")
+			done
+		else
+			[[ -d /sys/fs/cgroup/system.slice/${NODE}_slurmstepd.scope ]] &&
+				roots+=("/sys/fs/cgroup/system.slice/${NODE}_slurmstepd.scope")
 		fi
-	done <"$other/pids"
-done
-if [[ -n $NODE ]]; then
-	roots=()
-	if [[ $(stat -fc %T /sys/fs/cgroup) == tmpfs ]]; then
-		for c in /sys/fs/cgroup/*/; do
-			[[ -d ${c}slurm_$NODE ]] && roots+=("${c}slurm_$NODE")
+		for r in ${roots[@]+"${roots[@]}"}; do
+			while read -r f; do
+				echo THAWED >"$f" 2>/dev/null
+			done < <(find "$r" -path '*job_*' -name freezer.state 2>/dev/null)
+			while read -r procs; do
+				while read -r pid; do
+					[[ -n $pid ]] || continue
+					log "killing leftover job process $pid ($(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-80)) in ${procs%/cgroup.procs}"
+					kill -KILL "$pid" 2>/dev/null
+				done <"$procs"
+			done < <(find "$r" -path '*job_*' -name cgroup.procs 2>/dev/null)
 		done
-	else
-		[[ -d /sys/fs/cgroup/system.slice/${NODE}_slurmstepd.scope ]] &&
-			roots+=("/sys/fs/cgroup/system.slice/${NODE}_slurmstepd.scope")
+		for r in ${roots[@]+"${roots[@]}"}; do
+			for ((i = 0; i < 30; i++)); do
+				find "$r" -depth -mindepth 1 -type d \( -path '*job_*' -o -name 'uid_*' \) -exec rmdir {} + 2>/dev/null
+				[[ -z $(find "$r" -path '*job_*' -type d 2>/dev/null) ]] && break
+				sleep 0.1
+			done
+		done
 	fi
-	for r in ${roots[@]+"${roots[@]}"}; do
-		while read -r f; do
-			echo THAWED >"$f" 2>/dev/null
-		done < <(find "$r" -path '*job_*' -name freezer.state 2>/dev/null)
-		while read -r procs; do
-			while read -r pid; do
-				[[ -n $pid ]] || continue
-				log "killing leftover job process $pid ($(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-80)) in ${procs%/cgroup.procs}"
-				kill -KILL "$pid" 2>/dev/null
-			done <"$procs"
-		done < <(find "$r" -path '*job_*' -name cgroup.procs 2>/dev/null)
-	done
-	for r in ${roots[@]+"${roots[@]}"}; do
-		for ((i = 0; i < 30; i++)); do
-			find "$r" -depth -mindepth 1 -type d \( -path '*job_*' -o -name 'uid_*' \) -exec rmdir {} + 2>/dev/null
-			[[ -z $(find "$r" -path '*job_*' -type d 2>/dev/null) ]] && break
-			sleep 0.1
-		done
-	done
-fi
 
-# cgroup v2: the cgroup up.sh made for slurmd (slurmd made .../slurmd in it).
-if [[ -n $NODE && -d /sys/fs/cgroup/system.slice/slurm-microvm-test-$NODE-slurmd.scope ]]; then
-	find "/sys/fs/cgroup/system.slice/slurm-microvm-test-$NODE-slurmd.scope" -depth -type d -exec rmdir {} + 2>/dev/null
-fi
+	# cgroup v2: the cgroup up.sh made for slurmd (slurmd made .../slurmd in it).
+	if [[ -n $NODE && -d /sys/fs/cgroup/system.slice/slurm-microvm-test-$NODE-slurmd.scope ]]; then
+		find "/sys/fs/cgroup/system.slice/slurm-microvm-test-$NODE-slurmd.scope" -depth -type d -exec rmdir {} + 2>/dev/null
+	fi
+done
 
 # 4. Fake GPU device nodes up.sh created.
 if [[ -f $STATE/fakegpus ]]; then
@@ -150,6 +168,22 @@ if [[ -f $STATE/fakegpus ]]; then
 	done <"$STATE/fakegpus"
 fi
 
-# 5. The state dir.
+# 5. NODES=2: the network namespaces up.sh recorded (it refuses to start
+# when one of those names exists already, so each is this dir's own).
+# Deleting a namespace's name drops the last reference once its daemons
+# are gone: the kernel then destroys its interfaces, the veth pairs (both
+# ends) and the bridge with them. Nodes and controller first, the fabric
+# last.
+if [[ -f $STATE/net ]]; then
+	while read -r kind ns _; do
+		[[ $kind == fabric || $kind == ctl || $kind == node ]] || continue
+		[[ $ns =~ ^smv-[0-9a-f]{6}-[a-z0-9]+$ ]] || { log "warning: $STATE/net: not a name up.sh makes: $ns"; continue; }
+		if [[ -e /run/netns/$ns ]]; then
+			ip netns delete "$ns" || log "warning: cannot delete network namespace $ns"
+		fi
+	done < <(grep -v '^fabric ' "$STATE/net"; grep '^fabric ' "$STATE/net")
+fi
+
+# 6. The state dir.
 rm -rf -- "$STATE"
 log "cluster in $STATE is down"

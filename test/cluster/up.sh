@@ -12,6 +12,9 @@
 #   STATE_DIR/log/             munged.log slurmctld.log slurmd.log (+ .out: stdio)
 #   STATE_DIR/pids             "name pid starttime exe" of every daemon started
 #   STATE_DIR/db/              with ACCOUNTING=1: MariaDB's datadir and socket
+#   STATE_DIR/net              with NODES=2: "KIND NETNS ADDR NODE" of every
+#                              network namespace up.sh created (KIND fabric,
+#                              ctl or node), written before it is created
 #
 # Re-running up.sh on a STATE_DIR that is up stops that cluster (down.sh) and
 # starts a fresh one. Stop it with down.sh STATE_DIR.
@@ -27,6 +30,13 @@
 #                        written here, SchedulerParameters included)
 #   NODE_NAME=name       node name (default: hostname -s); the cgroup prefix is
 #                        slurm_<node> because Debian builds multiple-slurmd
+#   NODES=1              1: one slurmd at 127.0.0.1 in this network namespace;
+#                        2: two slurmd (multiple-slurmd, `slurmd -N`), each in
+#                        a network namespace of its own with its own address
+#                        on a private bridge, slurmctld in a third (see
+#                        "two-node mode" below)
+#   NODE_NAMES="n1 n2"   with NODES=2: the two node names
+#   FABRIC_NET=10.250.0  with NODES=2: the private /24 of the namespaces
 #   SLURMCTLD_PORT=6817 SLURMD_PORT=6818
 #   REAL_MEMORY=MB       node RealMemory (default: what `slurmd -C` reports)
 #   SELECT_TYPE_PARAMETERS=CR_Core_Memory  (e.g. CR_Core: Slurm allocates no
@@ -42,7 +52,19 @@
 #                        AccountingStorageTRES=gres/gpu and
 #                        AccountingStorageEnforce=associations,limits,qos:
 #                        only root and users given an association with
-#                        sacctmgr may then submit jobs
+#                        may then submit jobs
+#
+# Two-node mode (NODES=2) creates network namespaces named smv-<tag>-fab,
+# -ctl, -<node> (<tag>: 6 hex digits of the state dir's md5, so two state
+# dirs never share a name), records them in STATE_DIR/net, and down.sh
+# deletes exactly those. The fabric namespace holds a bridge (br0); every
+# other one is joined to it by a veth pair (fabric side v0, v1, v2; inside
+# fab0) with an address of FABRIC_NET.0/24 (default 10.250.0): .1 the
+# controller namespace (slurmctld, slurmdbd, and every client: run them
+# there with `nsenter --net=/run/netns/smv-<tag>-ctl`), .11 and .12 the
+# nodes. Nothing is added to the caller's namespace, and nothing routes out
+# of the private ones. munged stays in the caller's namespace: its clients
+# reach it by its unix socket from every namespace.
 set -euo pipefail
 
 die() { echo "up.sh: error: $*" >&2; exit 1; }
@@ -56,6 +78,36 @@ STATE=$(realpath -m -- "$STATE")
 [[ $STATE != / && $STATE == /*/* ]] || die "refusing state dir $STATE: give a dedicated directory"
 
 NODE=${NODE_NAME:-$(hostname -s)}
+NODES=${NODES:-1}
+[[ $NODES == [12] ]] || die "NODES=$NODES: want 1 or 2"
+HOST=$(hostname -s)
+NODE_LIST=("$NODE")
+IN_CTL=()
+if (( NODES == 2 )); then
+	[[ -z ${NODE_NAME:-} ]] || die "NODE_NAME is for NODES=1; with NODES=2 give NODE_NAMES=\"a b\""
+	read -r -a NODE_LIST <<<"${NODE_NAMES:-n1 n2}"
+	(( ${#NODE_LIST[@]} == 2 )) || die "NODE_NAMES=${NODE_NAMES:-}: want two names"
+	for n in "${NODE_LIST[@]}"; do
+		# Part of a netns name, a cgroup name and file names.
+		[[ $n =~ ^[a-z][a-z0-9]{0,15}$ ]] || die "NODE_NAMES: node name '$n': want a lower-case letter, then up to 15 lower-case letters or digits"
+		[[ $n != ctl && $n != fab ]] || die "NODE_NAMES: node name '$n' is taken by the controller's or the fabric's namespace"
+	done
+	[[ ${NODE_LIST[0]} != "${NODE_LIST[1]}" ]] || die "NODE_NAMES: the two names must differ"
+	NODE=${NODE_LIST[0]}
+	FABRIC_NET=${FABRIC_NET:-10.250.0}
+	[[ $FABRIC_NET =~ ^(10\.[0-9]{1,3}|192\.168|172\.(1[6-9]|2[0-9]|3[01]))\.[0-9]{1,3}$ ]] ||
+		die "FABRIC_NET=$FABRIC_NET: want the first three octets of a private /24, e.g. 10.250.0"
+	CTL_ADDR=$FABRIC_NET.1
+	NET_TAG=$(printf '%s' "$STATE" | md5sum | cut -c1-6)
+	NS_FAB=smv-$NET_TAG-fab NS_CTL=smv-$NET_TAG-ctl
+	declare -A NODE_ADDR NODE_NS
+	for i in 0 1; do
+		NODE_ADDR[${NODE_LIST[i]}]=$FABRIC_NET.$((11 + i))
+		NODE_NS[${NODE_LIST[i]}]=smv-$NET_TAG-${NODE_LIST[i]}
+	done
+	# IN_CTL runs a command in the controller's namespace.
+	IN_CTL=(nsenter "--net=/run/netns/$NS_CTL" --)
+fi
 CTLD_PORT=${SLURMCTLD_PORT:-6817}
 SLURMD_PORT=${SLURMD_PORT:-6818}
 FAKE_GPUS=${FAKE_GPUS:-0}
@@ -80,6 +132,11 @@ DB_SOCKET=$STATE/db/run/mysqld.sock
 for b in munged munge unmunge slurmctld slurmd sinfo scontrol hostname useradd setsid ss; do
 	command -v "$b" >/dev/null || die "$b not found: run hack/setup-debian.sh (packages slurm-wlm munge iproute2)"
 done
+if (( NODES == 2 )); then
+	for b in ip nsenter md5sum; do
+		command -v "$b" >/dev/null || die "NODES=2: $b not found: run hack/setup-debian.sh (packages iproute2 util-linux coreutils)"
+	done
+fi
 if (( ACCOUNTING )); then
 	for b in mariadbd mariadb-install-db mariadb slurmdbd sacctmgr; do
 		command -v "$b" >/dev/null || die "ACCOUNTING=1: $b not found: run hack/setup-debian.sh (packages mariadb-server slurmdbd)"
@@ -97,9 +154,13 @@ if [[ -e $STATE/pids || -e $STATE/env ]]; then
 fi
 
 # --- ports must be free (another cluster, or a system slurmd) ---------------
-ports=("$CTLD_PORT" "$SLURMD_PORT")
-(( ACCOUNTING )) && ports+=("$DBD_PORT")
-for p in "${ports[@]}"; do
+# Two-node mode listens only in its own fresh namespaces.
+ports=()
+if (( NODES == 1 )); then
+	ports+=("$CTLD_PORT" "$SLURMD_PORT")
+	(( ACCOUNTING )) && ports+=("$DBD_PORT")
+fi
+for p in ${ports[@]+"${ports[@]}"}; do
 	if [[ -n $(ss -Htln "sport = :$p") ]]; then
 		others=$(find /run/slurm-microvm-test -mindepth 2 -maxdepth 2 -name pids -printf '%h ' 2>/dev/null || true)
 		die "TCP port $p is already in use ($(ss -Htlnp "sport = :$p" | head -1)); another cluster? state dirs: ${others:-none}; stop it with down.sh DIR or set SLURMCTLD_PORT/SLURMD_PORT/SLURMDBD_PORT"
@@ -135,8 +196,9 @@ cgroup2fs)
 	# controllers in <its cgroup>, which must then hold nothing else (the
 	# no-internal-processes rule): give it an empty cgroup of its own, as
 	# systemd's Delegate=yes would.
-	SLURMD_CG=/sys/fs/cgroup/system.slice/slurm-microvm-test-$NODE-slurmd.scope
-	mkdir -p "$SLURMD_CG"
+	for n in "${NODE_LIST[@]}"; do
+		mkdir -p "/sys/fs/cgroup/system.slice/slurm-microvm-test-$n-slurmd.scope"
+	done
 	;;
 *) die "/sys/fs/cgroup is $CG_FS: want cgroup v1 (tmpfs of controllers) or v2 (cgroup2fs)" ;;
 esac
@@ -161,9 +223,12 @@ mkdir -m 0755 "$STATE" || die "cannot create $STATE"
 mkdir -m 0755 "$STATE/etc" "$STATE/munge" "$STATE/log" "$STATE/run" "$STATE/spool"
 # SlurmdSpoolDir=.../spool/%n: slurmd opens its domain socket and hwloc cache
 # there before it would create it.
-mkdir -m 0755 "$STATE/spool/$NODE"
+for n in "${NODE_LIST[@]}"; do mkdir -m 0755 "$STATE/spool/$n"; done
 mkdir -m 0700 "$STATE/ctld"
 mkdir -m 1777 "$STATE/tmp"
+# TmpFS=.../tmp/%n with NODES=2: one per node (PMIx keeps its node's
+# rendezvous files there; two nodes sharing it collide).
+if (( NODES == 2 )); then for n in "${NODE_LIST[@]}"; do mkdir -m 1777 "$STATE/tmp/$n"; done; fi
 : >"$STATE/pids"
 
 cleanup_on_error() {
@@ -196,7 +261,7 @@ start_daemon() {
 	local pid=$!
 	local st
 	st=$(awk '{print $22}' "/proc/$pid/stat" 2>/dev/null) || die "$name exited at once; see $STATE/log/$name.out"
-	echo "$name $pid $st $(command -v "$name")" >>"$STATE/pids"
+	echo "$name $pid $st $(command -v "${name%@*}")" >>"$STATE/pids"
 }
 
 alive() { # alive NAME: the recorded daemon still runs
@@ -207,6 +272,36 @@ alive() { # alive NAME: the recorded daemon still runs
 	done <"$STATE/pids"
 	return 1
 }
+
+# --- two-node mode: the private network -----------------------------------------
+if (( NODES == 2 )); then
+	# Refuse names up.sh did not make: only what STATE_DIR/net records is
+	# ever deleted, and a namespace of that name is someone else's.
+	for ns in "$NS_FAB" "$NS_CTL" "${NODE_NS[@]}"; do
+		[[ ! -e /run/netns/$ns ]] || die "network namespace $ns exists but $STATE does not record it: remove it (ip netns delete $ns) if it is a leftover of this state dir"
+	done
+	: >"$STATE/net"
+	echo "fabric $NS_FAB - -" >>"$STATE/net"
+	ip netns add "$NS_FAB"
+	ip -n "$NS_FAB" link set lo up
+	ip -n "$NS_FAB" link add br0 type bridge
+	ip -n "$NS_FAB" link set br0 up
+	# join KIND NETNS ADDR NODE INDEX: a namespace on the bridge.
+	join() {
+		echo "$1 $2 $3 $4" >>"$STATE/net"
+		ip netns add "$2"
+		ip -n "$2" link set lo up
+		ip -n "$NS_FAB" link add "v$5" type veth peer name fab0 netns "$2"
+		ip -n "$NS_FAB" link set "v$5" master br0 up
+		ip -n "$2" addr add "$3/24" dev fab0
+		ip -n "$2" link set fab0 up
+	}
+	join ctl "$NS_CTL" "$CTL_ADDR" - 0
+	for i in 0 1; do
+		n=${NODE_LIST[i]}
+		join node "${NODE_NS[$n]}" "${NODE_ADDR[$n]}" "$n" $((i + 1))
+	done
+fi
 
 # --- fake GPUs ------------------------------------------------------------------
 if (( ALL_GPUS > 0 )); then
@@ -282,12 +377,28 @@ AccountingStorageEnforce=associations,limits,qos
 JobAcctGatherType=jobacct_gather/linux"
 fi
 if [[ $NODE != "$(hostname -s)" ]]; then NODE_HOST=" NodeHostname=$(hostname -s)"; fi
+CTLD_ADDR=127.0.0.1
+SLURMD_LOG=$STATE/log/slurmd.log
+TMPFS=$STATE/tmp
+NODE_LINES="NodeName=$NODE NodeAddr=127.0.0.1$NODE_HOST $HW$NODE_GRES State=UNKNOWN"
+PART_NODES=$NODE
+if (( NODES == 2 )); then
+	CTLD_ADDR=$CTL_ADDR
+	SLURMD_LOG=$STATE/log/slurmd-%n.log
+	TMPFS=$STATE/tmp/%n
+	NODE_LINES=""
+	for n in "${NODE_LIST[@]}"; do
+		NODE_LINES+="NodeName=$n NodeAddr=${NODE_ADDR[$n]} NodeHostname=$HOST $HW$NODE_GRES State=UNKNOWN"$'\n'
+	done
+	NODE_LINES=${NODE_LINES%$'\n'}
+	PART_NODES=$(IFS=,; echo "${NODE_LIST[*]}")
+fi
 
 CONF=$STATE/etc/slurm.conf
 cat >"$CONF" <<EOF
 # Written by slurm-microvm test/cluster/up.sh; private to $STATE.
 ClusterName=microvm-test
-SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldHost=$HOST($CTLD_ADDR)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 SlurmUser=root
@@ -300,10 +411,10 @@ SlurmdSpoolDir=$STATE/spool/%n
 SlurmctldPidFile=$STATE/run/slurmctld.pid
 SlurmdPidFile=$STATE/run/slurmd-%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
-SlurmdLogFile=$STATE/log/slurmd.log
+SlurmdLogFile=$SLURMD_LOG
 SlurmctldDebug=$DEBUG
 SlurmdDebug=$DEBUG
-TmpFS=$STATE/tmp
+TmpFS=$TMPFS
 PlugStackConfig=$STATE/etc/plugstack.conf
 ProctrackType=proctrack/cgroup
 TaskPlugin=task/cgroup,task/affinity
@@ -321,8 +432,8 @@ $ACCT
 JobCompType=jobcomp/none
 MailProg=/bin/true
 $GRES_TYPES
-NodeName=$NODE NodeAddr=127.0.0.1$NODE_HOST $HW$NODE_GRES State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+$NODE_LINES
+PartitionName=debug Nodes=$PART_NODES Default=YES MaxTime=INFINITE State=UP
 ${SLURM_CONF_EXTRA:-}
 EOF
 
@@ -351,8 +462,11 @@ gres_files() {
 if (( ALL_GPUS > 0 )); then
 	{
 		echo "AutoDetect=off"
-		if (( FAKE_GPUS > 0 )); then echo "NodeName=$NODE Name=gpu Type=fake File=$(gres_files 0 "$FAKE_GPUS")"; fi
-		if (( STANDIN_GPUS > 0 )); then echo "NodeName=$NODE Name=gpu Type=standin File=$(gres_files "$FAKE_GPUS" "$STANDIN_GPUS")"; fi
+		# NODES=2: each node declares the same devices (one host).
+		for n in "${NODE_LIST[@]}"; do
+			if (( FAKE_GPUS > 0 )); then echo "NodeName=$n Name=gpu Type=fake File=$(gres_files 0 "$FAKE_GPUS")"; fi
+			if (( STANDIN_GPUS > 0 )); then echo "NodeName=$n Name=gpu Type=standin File=$(gres_files "$FAKE_GPUS" "$STANDIN_GPUS")"; fi
+		done
 	} >"$STATE/etc/gres.conf"
 fi
 
@@ -396,8 +510,16 @@ export SLURM_MICROVM_TEST_CGROUP=$CG
 export MUNGE_SOCKET=$MUNGE_SOCKET
 export SLURM_MICROVM_TEST_ACCOUNTING=$ACCOUNTING
 EOF
+if (( NODES == 2 )); then
+	cat >>"$STATE/env" <<EOF
+export SLURM_MICROVM_TEST_NODES="${NODE_LIST[*]}"
+# Slurm clients reach slurmctld from this network namespace only:
+#   nsenter --net=\$SLURM_MICROVM_TEST_CTL_NETNS srun -N2 hostname
+export SLURM_MICROVM_TEST_CTL_NETNS=/run/netns/$NS_CTL
+EOF
+fi
 chmod 0644 "$STATE/env"
-echo "$NODE" >"$STATE/node"
+printf '%s\n' "${NODE_LIST[@]}" >"$STATE/node"
 
 # --- accounting: MariaDB, slurmdbd, the cluster's record -------------------------
 export SLURM_CONF=$CONF
@@ -426,46 +548,56 @@ if (( ACCOUNTING )); then
 		(( i < TIMEOUT * 10 )) || die "mariadbd did not answer on $DB_SOCKET within ${TIMEOUT}s"
 		sleep 0.1
 	done
-	start_daemon slurmdbd env MYSQL_UNIX_PORT="$DB_SOCKET" slurmdbd -D
+	start_daemon slurmdbd ${IN_CTL[@]+"${IN_CTL[@]}"} env MYSQL_UNIX_PORT="$DB_SOCKET" slurmdbd -D
 	for ((i = 0; ; i++)); do
-		[[ -n $(ss -Htln "sport = :$DBD_PORT") ]] && break
+		[[ -n $(${IN_CTL[@]+"${IN_CTL[@]}"} ss -Htln "sport = :$DBD_PORT") ]] && break
 		alive slurmdbd || die "slurmdbd exited; see $STATE/log/slurmdbd.log and $STATE/log/slurmdbd.out"
 		(( i < TIMEOUT * 20 )) || die "slurmdbd not listening on port $DBD_PORT after ${TIMEOUT}s"
 		sleep 0.05
 	done
 	# Register the cluster before slurmctld starts (it then gets its
 	# associations at once); this also makes account and user root.
-	sacctmgr -i add cluster microvm-test >"$STATE/log/sacctmgr.out" 2>&1 ||
+	${IN_CTL[@]+"${IN_CTL[@]}"} sacctmgr -i add cluster microvm-test >"$STATE/log/sacctmgr.out" 2>&1 ||
 		die "sacctmgr add cluster failed: $(cat "$STATE/log/sacctmgr.out")"
 fi
 
 # --- slurm daemons ----------------------------------------------------------------
 T3=$(date +%s%N)
-start_daemon slurmctld slurmctld -D -i -f "$CONF"
+start_daemon slurmctld ${IN_CTL[@]+"${IN_CTL[@]}"} slurmctld -D -i -f "$CONF"
 # Slurm clients (and slurmd's registration) sleep a whole second before
 # retrying a refused connection: start them once slurmctld listens.
 for ((i = 0; ; i++)); do
-	[[ -n $(ss -Htln "sport = :$CTLD_PORT") ]] && break
+	[[ -n $(${IN_CTL[@]+"${IN_CTL[@]}"} ss -Htln "sport = :$CTLD_PORT") ]] && break
 	alive slurmctld || die "slurmctld exited; see $STATE/log/slurmctld.log and $STATE/log/slurmctld.out"
 	(( i < TIMEOUT * 20 )) || die "slurmctld not listening on port $CTLD_PORT after ${TIMEOUT}s"
 	sleep 0.05
 done
-if [[ $CG == v2 ]]; then
-	# Enter the delegated cgroup, then exec slurmd (same pid).
-	# shellcheck disable=SC2016 # $$ and $@ are for the inner bash
-	start_daemon slurmd bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$SLURMD_CG" slurmd -D -f "$CONF" -N "$NODE"
-else
-	start_daemon slurmd slurmd -D -f "$CONF" -N "$NODE"
-fi
+# One slurmd per node: recorded as slurmd (NODES=1) or slurmd@<node>
+# (NODES=2: in the node's namespace; nsenter execs it, same pid).
+SLURMD_DAEMONS=""
+for n in "${NODE_LIST[@]}"; do
+	name=slurmd in_ns=()
+	if (( NODES == 2 )); then name=slurmd@$n in_ns=(nsenter "--net=/run/netns/${NODE_NS[$n]}" --); fi
+	SLURMD_DAEMONS+=" $name"
+	if [[ $CG == v2 ]]; then
+		# Enter the delegated cgroup, then exec slurmd (same pid).
+		# shellcheck disable=SC2016 # $$ and $@ are for the inner bash
+		start_daemon "$name" bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "/sys/fs/cgroup/system.slice/slurm-microvm-test-$n-slurmd.scope" \
+			${in_ns[@]+"${in_ns[@]}"} slurmd -D -f "$CONF" -N "$n"
+	else
+		start_daemon "$name" ${in_ns[@]+"${in_ns[@]}"} slurmd -D -f "$CONF" -N "$n"
+	fi
+done
 
 deadline=$((SECONDS + TIMEOUT))
+want=$(printf 'idle %s\n' "${NODE_LIST[@]}" | sort)
 while :; do
-	st=$(sinfo -h -N -n "$NODE" -o '%T' 2>/dev/null || true)
-	[[ $st == idle ]] && break
-	for d in munged slurmctld slurmd $DBD_DAEMONS; do
-		alive "$d" || die "$d exited; see $STATE/log/$d.log and $STATE/log/$d.out"
+	st=$(${IN_CTL[@]+"${IN_CTL[@]}"} sinfo -h -N -n "$PART_NODES" -o '%T %N' 2>/dev/null | sort || true)
+	[[ $st == "$want" ]] && break
+	for d in munged slurmctld $SLURMD_DAEMONS $DBD_DAEMONS; do
+		alive "$d" || die "$d exited; see $STATE/log/${d/@/-}.log and $STATE/log/$d.out"
 	done
-	(( SECONDS < deadline )) || die "node $NODE not idle after ${TIMEOUT}s (state: ${st:-no answer})"
+	(( SECONDS < deadline )) || die "nodes $PART_NODES not idle after ${TIMEOUT}s (state: ${st:-no answer})"
 	sleep 0.1
 done
 T2=$(date +%s%N)
@@ -475,9 +607,23 @@ ms() { echo $((($2 - $1) / 1000000)); }
 if (( ACCOUNTING )); then
 	log "cluster microvm-test is up: node $NODE ($HW) cgroup $CG, accounting (slurmdbd on port $DBD_PORT)"
 	log "startup: $(ms "$T0" "$T2") ms total, $(ms "$T1" "$T3") ms MariaDB (install-db included), slurmdbd and the cluster record, $(ms "$T3" "$T2") ms from starting slurmctld to node idle"
+elif (( NODES == 2 )); then
+	log "cluster microvm-test is up: nodes ${NODE_LIST[*]} at ${NODE_ADDR[${NODE_LIST[0]}]} and ${NODE_ADDR[${NODE_LIST[1]}]}, slurmctld at $CTL_ADDR ($HW each) cgroup $CG"
+	log "startup: $(ms "$T0" "$T2") ms total, $(ms "$T3" "$T2") ms from starting slurmctld to nodes idle"
 else
 	log "cluster microvm-test is up: node $NODE ($HW) cgroup $CG"
 	log "startup: $(ms "$T0" "$T2") ms total, $(ms "$T3" "$T2") ms from starting slurmctld to node idle"
+fi
+if (( NODES == 2 )); then
+	cat <<EOF
+up.sh: use it (Slurm clients run in the controller's namespace):
+    source $STATE/env
+    nsenter --net=\$SLURM_MICROVM_TEST_CTL_NETNS sinfo
+    nsenter --net=\$SLURM_MICROVM_TEST_CTL_NETNS srun -N2 -l hostname
+    nsenter --net=/run/netns/${NODE_NS[${NODE_LIST[0]}]} ip addr    # node ${NODE_LIST[0]}'s side
+  logs: $STATE/log/   stop: $HERE/down.sh $STATE
+EOF
+	exit 0
 fi
 cat <<EOF
 up.sh: use it:

@@ -65,8 +65,16 @@ func Setup(t testing.TB, clusterEnv ...string) *Env {
 	return SetupWith(t, nil, clusterEnv...)
 }
 
+// TwoNodes is a tune for SetupWith: the cluster's two-node mode
+// (cluster.Options.Nodes = 2), nodes n1 and n2 in network namespaces of
+// their own, each with the same fake and stand-in GPUs. Commands of Env.C
+// run in the controller's namespace; Env.Nodes, Env.C.NodeNetNS and
+// Env.C.NodeCommand reach each node's side.
+func TwoNodes(o *cluster.Options) { o.Nodes = 2 }
+
 // SetupWith is Setup with the cluster's options adjusted by tune (when not
-// nil) before the cluster starts, e.g. to turn on Options.Accounting.
+// nil) before the cluster starts, e.g. to turn on Options.Accounting, or
+// TwoNodes.
 func SetupWith(t testing.TB, tune func(*cluster.Options), clusterEnv ...string) *Env {
 	t.Helper()
 	fixture.RequireRoot(t)
@@ -179,6 +187,10 @@ scratch_base = %q
 	return e
 }
 
+// Nodes are the cluster's node names (cluster.Cluster.Nodes): one, or n1
+// and n2 with TwoNodes.
+func (e *Env) Nodes() []string { return e.C.Nodes() }
+
 // Srun runs srun as userName ("" for root) with a generous timeout.
 func (e *Env) Srun(t testing.TB, userName string, args ...string) (string, string, int) {
 	t.Helper()
@@ -279,7 +291,9 @@ func InstallFile(src, dst string, mode os.FileMode) error {
 
 // Scope is what the steps of the end-to-end tests own on this host (see
 // package residue): their state, cache, scratch and data trees, the
-// installation, and the processes of QEMU, virtiofsd and the launcher.
+// installation, the processes of QEMU, virtiofsd and the launcher, and
+// the step network objects in the host's network namespace and, in
+// two-node mode, in each node's.
 func (e *Env) Scope() residue.Scope {
 	return residue.Scope{
 		Paths:      []string{RuntimeDir, CacheDir, ScratchDir, DataDir, Root},
@@ -290,6 +304,7 @@ func (e *Env) Scope() residue.Scope {
 		TmpIgnore: filepath.SplitList(os.Getenv("SMV_RESIDUE_TMP_IGNORE")),
 		CacheDir:  CacheDir,
 		Programs:  []string{"qemu-system-x86_64", "virtiofsd", e.Launcher},
+		NetNS:     e.C.NodeNetNSPaths(),
 	}
 }
 

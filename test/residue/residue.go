@@ -16,7 +16,13 @@
 //   - state directories in the runtime directory and sockets naming it;
 //   - work directories in the cache (tmp-*, .tmp-*), wherever they are;
 //   - entries created in /tmp and /var/tmp since the snapshot (test
-//     temporary directories, named Test*, excepted).
+//     temporary directories, named Test*, excepted);
+//   - step network objects new since the snapshot: interfaces (by name
+//     and ifalias) and nftables tables that network.Leftover says are a
+//     step's, in the host's network namespace and in each of the scope's
+//     (the nodes of the two-node test cluster), read through netlink and
+//     nftables handles opened in each namespace, not by running ip or
+//     nft (github.com/vishvananda/netlink, github.com/google/nftables).
 //
 // Design decision: a snapshot compared after the test, rather than a list
 // of the names the launcher is known to use: a leak under a name nobody
@@ -65,6 +71,14 @@ type Scope struct {
 	// TmpIgnore are glob patterns (path.Match) of names in TmpDirs that
 	// other programs on a shared host make while a test runs; none in CI.
 	TmpIgnore []string
+	// NetNS are network namespaces (paths: /run/netns/NAME, or
+	// /proc/PID/ns/net) searched for step network objects besides the
+	// caller's own: each node's of the two-node test cluster. One that is
+	// gone when Left looks has nothing left.
+	NetNS []string
+	// NetLeftover tells whether an interface (name, ifalias) or an
+	// nftables table (name, "") is a step's; nil is network.Leftover.
+	NetLeftover func(name, alias string) bool
 }
 
 // Snapshot is the host as it was before a test.
@@ -76,6 +90,7 @@ type Snapshot struct {
 	cgroup map[string]bool // job cgroup directories
 	tmp    map[string]bool
 	state  map[string]bool
+	net    map[string]bool // netObject keys
 }
 
 // Take records the host's state for scope.
@@ -84,7 +99,7 @@ func Take(scope Scope) *Snapshot {
 		scope.TmpDirs = []string{"/tmp", "/var/tmp"}
 	}
 	s := &Snapshot{scope: scope, mounts: map[string]bool{}, loops: map[string]bool{}, procs: map[int]bool{},
-		cgroup: map[string]bool{}, tmp: map[string]bool{}, state: map[string]bool{}}
+		cgroup: map[string]bool{}, tmp: map[string]bool{}, state: map[string]bool{}, net: map[string]bool{}}
 	for _, m := range mounts() {
 		s.mounts[mountKey(m)] = true
 	}
@@ -104,6 +119,9 @@ func Take(scope Scope) *Snapshot {
 	}
 	for _, n := range names(scope.RuntimeDir) {
 		s.state[n] = true
+	}
+	for _, o := range netObjects(scope.NetNS, scope.NetLeftover) {
+		s.net[o.key] = true
 	}
 	return s
 }
@@ -203,6 +221,11 @@ func (s *Snapshot) Left() []string {
 			if !s.tmp[p] && !compilerTemp(n) && !s.ignored(n) {
 				out = append(out, "temporary file "+p+owner(p))
 			}
+		}
+	}
+	for _, o := range netObjects(s.scope.NetNS, s.scope.NetLeftover) {
+		if !s.net[o.key] {
+			out = append(out, o.line)
 		}
 	}
 	sort.Strings(out)
