@@ -82,3 +82,68 @@ func medianF(v []float64) float64 {
 	sort.Float64s(s)
 	return s[len(s)/2]
 }
+
+// BenchmarkMPIPingPongAcrossNodes prints, side by side in one run, the
+// ping-pong of 2 ranks on the two nodes of the two-node test cluster: in
+// one microVM per node over the step network (VXLAN between the nodes,
+// the guests' virtio-net and the host's tap and bridge) and on the bare
+// nodes (the same program, the same srun, the nodes' own addresses), per
+// implementation, as ratios VM/host.
+func BenchmarkMPIPingPongAcrossNodes(b *testing.B) {
+	e := harness.SetupWith(b, harness.TwoNodes)
+	cases := []struct {
+		impl     mpitest.Impl
+		mpi      string
+		env      []string // both runs
+		guestEnv []string // the VM runs only
+	}{
+		{mpitest.OpenMPI, "pmix", []string{"OMPI_MCA_btl=self,vader,tcp", "OMPI_MCA_pml=ob1"}, []string{"OMPI_MCA_btl_tcp_if_include=eth0"}},
+		{mpitest.MPICH, "pmi2", []string{"UCX_TLS=tcp,self,sm"}, []string{"UCX_NET_DEVICES=eth0"}},
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n2 ranks on 2 nodes, median of %d runs each   %12s %12s %12s %12s\n", rounds, "lat host us", "lat VM us", "bw host MB/s", "bw VM MB/s")
+	for _, c := range cases {
+		img := harness.MPIImage(b, c.impl)
+		// On the host the program must be where every node reads it.
+		hello, err := c.impl.BuildHello(context.Background(), harness.Root)
+		if err != nil {
+			b.Fatal(err)
+		}
+		run := func(env []string, args ...string) *mpitest.Result {
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			all := append([]string{"-N2", "-n2", "--ntasks-per-node=1", "--mpi=" + c.mpi}, args...)
+			cmd, err := e.C.Command(ctx, "", "srun", all...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cmd.Env = append(append(cmd.Env, c.env...), env...)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil {
+				b.Fatalf("srun %q: %v\n%s\n%s", all, err, stdout.String(), stderr.String())
+			}
+			r, err := mpitest.ParseHello(stdout.Bytes())
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := r.Check(2); err != nil {
+				b.Fatalf("%v\n%s", err, stdout.String())
+			}
+			return r
+		}
+		var latH, latV, bwH, bwV []float64
+		for i := 0; i < rounds; i++ {
+			h := run(nil, hello)
+			v := run(c.guestEnv, "--microvm="+img, "mpi_hello")
+			latH, latV = append(latH, h.LatencyUS), append(latV, v.LatencyUS)
+			bwH, bwV = append(bwH, h.BandwidthMBps), append(bwV, v.BandwidthMBps)
+		}
+		lh, lv, bh, bv := medianF(latH), medianF(latV), medianF(bwH), medianF(bwV)
+		fmt.Fprintf(&sb, "  %-42s %12.2f %12.2f %12.0f %12.0f   latency VM/host %.2f, bandwidth VM/host %.2f\n",
+			c.impl.Name+" ("+c.mpi+", TCP)", lh, lv, bh, bv, lv/lh, bv/bh)
+		b.ReportMetric(lv/lh, c.impl.Name+"-xnode-lat-vm/host")
+		b.ReportMetric(bv/bh, c.impl.Name+"-xnode-bw-vm/host")
+	}
+	b.Log(sb.String())
+}
