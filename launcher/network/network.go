@@ -131,4 +131,3 @@ type Attachment struct {
 	// Names are the host objects made (Teardown's argument).
 	Names Names
 }
-

@@ -169,9 +169,16 @@ func TestPlanErrors(t *testing.T) {
 		{"ipv6 underlay", mod(func(r *Request) { r.Nodes[1].Addr = netip.MustParseAddr("2001:db8::1") }), "Request.Nodes[1].Addr"},
 		{"subnet unset", mod(func(r *Request) { r.Subnet = netip.Prefix{} }), "Request.Subnet"},
 		{"subnet unmasked", mod(func(r *Request) { r.Subnet = netip.MustParsePrefix("10.224.0.1/16") }), "Request.Subnet"},
-		{"subnet too small", mod(func(r *Request) { r.Subnet = netip.MustParsePrefix("10.224.0.0/30"); r.Nodes = append(r.Nodes, Node{"n3", netip.MustParseAddr("192.0.2.3")}) }), "holds 1 guests"},
-		{"service proto", mod(func(r *Request) { r.Services = []Service{{Prefix: netip.MustParsePrefix("192.0.2.9/32"), Proto: "icmp"}} }), "Request.Services[0].Proto"},
-		{"service in subnet", mod(func(r *Request) { r.Services = []Service{{Prefix: netip.MustParsePrefix("10.224.0.0/24"), Proto: "tcp"}} }), "overlaps Request.Subnet"},
+		{"subnet too small", mod(func(r *Request) {
+			r.Subnet = netip.MustParsePrefix("10.224.0.0/30")
+			r.Nodes = append(r.Nodes, Node{"n3", netip.MustParseAddr("192.0.2.3")})
+		}), "holds 1 guests"},
+		{"service proto", mod(func(r *Request) {
+			r.Services = []Service{{Prefix: netip.MustParsePrefix("192.0.2.9/32"), Proto: "icmp"}}
+		}), "Request.Services[0].Proto"},
+		{"service in subnet", mod(func(r *Request) {
+			r.Services = []Service{{Prefix: netip.MustParsePrefix("10.224.0.0/24"), Proto: "tcp"}}
+		}), "overlaps Request.Subnet"},
 		{"mtu", mod(func(r *Request) { r.MTU = 100 }), "Request.MTU"},
 		{"user fields in step", mod(func(r *Request) { r.UserAllow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")} }), "Request.UserSubnet/UserAllow"},
 		{"user services", mod(func(r *Request) {
