@@ -10,9 +10,6 @@
 package network
 
 import (
-	"context"
-	"errors"
-	"log/slog"
 	"net/netip"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
@@ -73,10 +70,13 @@ type Request struct {
 	// MTU of the guest interface; 0: the underlay device's MTU less the
 	// VXLAN overhead (50 bytes), found at Setup.
 	MTU int
-	// UserSubnet holds the per-step links of user mode (100.64.0.0/16 by
-	// default); UserAllow are private destinations user mode may reach.
+	// UserSubnet (User mode) is carved into one /30 per step for the
+	// veth pair between the node and the step's namespace; invalid:
+	// DefaultUserSubnet.
 	UserSubnet netip.Prefix
-	UserAllow  []netip.Prefix
+	// UserAllow (User mode) are private or site destinations the guest
+	// may reach anyway (a site proxy or resolver); see UserBlocked.
+	UserAllow []netip.Prefix
 }
 
 // Names are the host-side objects of one step on one node, all derived
@@ -88,6 +88,8 @@ type Names struct {
 	Table string
 	// Alias is the interfaces' ifalias: names the step and node in full.
 	Alias string
+	// Veth is the host end of the veth pair of User mode.
+	Veth string
 }
 
 // Plan is one node's part of a step network.
@@ -102,6 +104,15 @@ type Plan struct {
 	Services []Service
 	// Guest is what the agent configures in this node's guest.
 	Guest driver.GuestNetwork
+	// MTU is Request.MTU (0: found at Setup from the underlay device).
+	MTU int
+	// UserSubnet, UserAllow and UserBlocked are User mode's: the veth's
+	// /30 is taken from UserSubnet; forwarding from the veth is dropped
+	// toward UserBlocked (the private ranges and the step's node
+	// addresses) unless the destination is in UserAllow.
+	UserSubnet  netip.Prefix
+	UserAllow   []netip.Prefix
+	UserBlocked []netip.Prefix
 }
 
 // Peer is the guest of another node of the step.
@@ -112,43 +123,11 @@ type Peer struct {
 	MAC      [6]byte
 }
 
-// ErrNotImplemented marks the contract's placeholder bodies.
-var ErrNotImplemented = errors.New("network: not implemented")
-
-// NewPlan computes one node's plan. Errors name the field and the rule.
-func NewPlan(r Request) (*Plan, error) { return nil, ErrNotImplemented }
-
-// NamesFor derives the host-side names of a step on a node.
-func NamesFor(node string, job, step, restart uint32) Names { return Names{} }
-
 // Attachment is what Setup made: the VMM's end and how to undo it.
 type Attachment struct {
-	// Network is handed to the driver (SandboxConfig.Network).
+	// Network is handed to the driver (SandboxConfig.Network); nil in
+	// None mode.
 	Network *driver.Network
+	// Names are the host objects made (Teardown's argument).
+	Names Names
 }
-
-// Close releases the files the attachment holds (not the host objects:
-// Teardown removes those).
-func (a *Attachment) Close() error { return nil }
-
-// Setup creates this node's host side of the plan (bridge, VXLAN device,
-// tap, forwarding entries, nftables fence) in the caller's network
-// namespace, as root. On error nothing of it is left.
-func Setup(ctx context.Context, p *Plan, log *slog.Logger) (*Attachment, error) {
-	return nil, ErrNotImplemented
-}
-
-// Teardown removes every host object of the step named by n from the
-// caller's network namespace. Idempotent: what is missing is no error.
-func Teardown(ctx context.Context, n Names) error { return ErrNotImplemented }
-
-// GC removes the host objects of every step of job on node that are left
-// in the caller's network namespace, and returns their aliases/table names.
-func GC(ctx context.Context, node string, job uint32) ([]string, error) {
-	return nil, ErrNotImplemented
-}
-
-// Leftover tells whether an interface (by name and ifalias) or an
-// nftables table (by name, alias "") belongs to some step of
-// slurm-microvm: the test residue checks use it.
-func Leftover(name, alias string) bool { return false }
