@@ -284,7 +284,33 @@ func configureNetwork(ctx context.Context, c *netConfig) error {
 			return fmt.Errorf("add permanent neighbor %s at %s on %s: %w", nb.addr, nb.mac, name, err)
 		}
 	}
-	return nil
+	return waitOperUp(ctx, idx, name, c.mac, linkWait)
+}
+
+// waitOperUp waits until the interface is operationally up. The kernel
+// turns a carrier on through its link watch, up to a second after the
+// device reports it (measured under TCG: operstate still "down" when the
+// first process ran); until then the interface's queue drops what is sent,
+// and a workload's first packets would wait for retransmits.
+func waitOperUp(ctx context.Context, idx int, name string, mac net.HardwareAddr, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		l, err := netlink.LinkByIndex(idx)
+		if err != nil {
+			return fmt.Errorf("look at %s (%s): %w", name, mac, err)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s (%s) is not up after %s (operstate %s): the VMM's network device has no link", name, mac, timeout, l.Attrs().OperState)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %s (%s) to come up: %w", name, mac, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // linkByMAC waits up to timeout for the interface whose MAC is mac.
