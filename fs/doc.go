@@ -122,7 +122,8 @@
 // would disagree with the guest about modes.
 //
 // Share count. Each share is one virtio device: a step takes at most
-// launcher/qemu's MaxSharesMicrovm (21, measured) shares on -M microvm,
+// launcher/qemu's MaxSharesMicrovm (20: 23 usable slots, measured, less the
+// root disk, the control channel and the network device) shares on -M microvm,
 // counted by `validate` at submit and by config for site mounts, scratch
 // and the MPI share together.
 //

@@ -40,7 +40,7 @@ const (
 
 // formatVersion changes whenever the layout or content rules of a cache
 // entry change, so old entries are not reused.
-const formatVersion = "slurm-microvm-assets/3"
+const formatVersion = "slurm-microvm-assets/4"
 
 // Options say what to build the guest boot pair from.
 type Options struct {
@@ -339,9 +339,17 @@ func buildInitrd(ctx context.Context, o Options, bz *BzImage, kdir, modDir strin
 			shareSet[e.Path] = true
 		}
 	}
+	// And what the network device needs (optional too).
+	netSet := map[string]bool{}
+	if nm, err := ix.Resolve(NetModules, nil, log); err == nil {
+		for _, e := range nm {
+			netSet[e.Path] = true
+		}
+	}
 	for i := range entries {
 		entries[i].Boot = bootSet[entries[i].Path]
 		entries[i].Share = shareSet[entries[i].Path]
+		entries[i].Net = netSet[entries[i].Path]
 	}
 	if err := checkStatic(o.Agent); err != nil {
 		return err

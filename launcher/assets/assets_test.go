@@ -460,3 +460,38 @@ func TestEnsureReadableUnderUmask077(t *testing.T) {
 		}
 	}
 }
+
+// TestNetModulesFlagged: the default module set packs virtio_net with its
+// dependencies, flagged "net" (loaded when a step has a network), not
+// "boot".
+func TestNetModulesFlagged(t *testing.T) {
+	f := newFixture(t)
+	fakeModules(t, f.modules, fixtureRelease, append(slices.Clone(fixtureDep),
+		"kernel/net/core/failover.ko:",
+		"kernel/drivers/net/net_failover.ko: kernel/net/core/failover.ko",
+		"kernel/drivers/net/virtio_net.ko: kernel/drivers/net/net_failover.ko kernel/net/core/failover.ko kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko",
+	), fixtureSoftdep, fixtureAlias, fixtureBuiltin)
+	o := f.options()
+	o.Modules = nil // DefaultModules
+	a, err := Ensure(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	net := map[string]bool{}
+	for _, e := range a.Modules {
+		if e.Net {
+			net[e.Name()] = true
+			if e.Boot && e.Name() != "virtio" && e.Name() != "virtio_ring" {
+				t.Errorf("%s flagged boot: the network modules load with the network", e.Name())
+			}
+		}
+	}
+	for _, m := range []string{"virtio_net", "net_failover", "failover", "virtio", "virtio_ring"} {
+		if !net[m] {
+			t.Errorf("%s not flagged net; modules %+v", m, a.Modules)
+		}
+	}
+	if net["erofs"] || net["virtio_blk"] {
+		t.Errorf("unrelated modules flagged net: %v", net)
+	}
+}

@@ -138,7 +138,7 @@ func writeInitramfs(ctx context.Context, w io.Writer, c InitrdCompression, s ini
 		if err := write(cpio.StaticRecord(data, cpio.Info{Name: name, Mode: cpio.S_IFREG | 0o644})); err != nil {
 			return nil, err
 		}
-		stored = append(stored, guestmod.Entry{Path: rel, Optional: e.Optional, Boot: e.Boot, Share: e.Share})
+		stored = append(stored, guestmod.Entry{Path: rel, Optional: e.Optional, Boot: e.Boot, Share: e.Share, Net: e.Net})
 	}
 	var order bytes.Buffer
 	if err := guestmod.WriteOrder(&order, s.Release, stored); err != nil {

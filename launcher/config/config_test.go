@@ -47,8 +47,8 @@ func TestParse(t *testing.T) {
 			wantErr: []string{"qemu.runas", "host shares are possible (mounts.site)"}},
 		{name: "runas off without any share", in: "[qemu]\nrunas = false\n[mounts]\nallowed = []\nscratch_base = \"\"\n[mpi]\ndefault = \"image\"\n",
 			check: func(c *Config) error { return nil }},
-		{name: "more site mounts than a microVM takes", in: "[mounts]\nsite = [" + siteMounts(21) + "]\n",
-			wantErr: []string{"mounts.site: 23 site mounts, scratch and the host MPI share: a microVM takes at most 21 host shares"}},
+		{name: "more site mounts than a microVM takes", in: "[mounts]\nsite = [" + siteMounts(20) + "]\n",
+			wantErr: []string{"mounts.site: 22 site mounts, scratch and the host MPI share: a microVM takes at most 20 host shares"}},
 		{name: "gpu driver defaults", in: "", check: func(c *Config) error {
 			if d := c.GPU.Driver; !*d.Inject || d.Root != "/" || len(d.Modules) != 0 || d.Params != nil || c.GPU.NVSwitch != "refuse" {
 				return fmt.Errorf("gpu defaults %+v %q", d, c.GPU.NVSwitch)

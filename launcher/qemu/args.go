@@ -33,6 +33,8 @@ type VMConfig struct {
 	// and the devices (launcher/gpu's Plan.QEMUArgs). Else -M microvm.
 	PCI         bool
 	MachineArgs []string
+	// Net is the guest's network device; nil: none.
+	Net *NetDevice
 }
 
 // FDSet is one -add-fd: inherited fd FD in fd set Set.
@@ -112,6 +114,13 @@ func Args(c VMConfig) ([]string, error) {
 		"-device", "virtio-serial-"+bus+",max_ports=2",
 		"-device", "virtserialport,chardev=agent,name=agent",
 	)
+	if c.Net != nil {
+		na, err := netArgs(c.Net, bus)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, na...)
+	}
 	if c.Seccomp {
 		args = append(args, "-sandbox", SandboxOptions)
 	}

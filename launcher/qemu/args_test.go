@@ -6,6 +6,7 @@ import (
 )
 
 func TestArgs(t *testing.T) {
+	mac := [6]byte{0x52, 0x54, 0, 10, 99, 2}
 	base := VMConfig{
 		Name: "slurm-microvm-1.0.0", Accel: "tcg", CPUs: 2, MemoryMiB: 512,
 		Kernel: "/c/vmlinux", Initrd: "/c/initrd.img", Cmdline: []string{"console=ttyS0", "quiet"},
@@ -38,6 +39,23 @@ func TestArgs(t *testing.T) {
 		{name: "space in a kernel word", mod: func(c *VMConfig) { c.Cmdline = []string{"a b"} }, wantErr: "whitespace"},
 		{name: "no memory", mod: func(c *VMConfig) { c.MemoryMiB = 32 }, wantErr: "64"},
 		{name: "no vCPU", mod: func(c *VMConfig) { c.CPUs = 0 }, wantErr: "vCPUs"},
+		{name: "tap on microvm", mod: func(c *VMConfig) { c.Net = &NetDevice{TapFD: 8, MAC: mac} },
+			want:    []string{"-netdev tap,id=net0,fd=8,vhost=off", "-device virtio-net-device,netdev=net0,mac=52:54:00:0a:63:02"},
+			notWant: []string{"vhostfd", "script", "virtio-net-pci"}},
+		{name: "tap with vhost-net", mod: func(c *VMConfig) { c.Accel = "kvm"; c.Net = &NetDevice{TapFD: 8, VhostFD: 9, MAC: mac} },
+			want: []string{"-netdev tap,id=net0,fd=8,vhost=on,vhostfd=9"}},
+		{name: "tap on q35", mod: func(c *VMConfig) {
+			c.Accel, c.PCI, c.MachineArgs = "kvm", true, []string{"-M", "q35"}
+			c.Net = &NetDevice{TapFD: 8, MAC: mac}
+		}, want: []string{"-device virtio-net-pci,netdev=net0,mac=52:54:00:0a:63:02,romfile="}, notWant: []string{"virtio-net-device"}},
+		{name: "user mode", mod: func(c *VMConfig) { c.Net = &NetDevice{User: true, MAC: mac} },
+			want:    []string{"-netdev user,id=net0,ipv6=off,restrict=off", "-device virtio-net-device,netdev=net0,mac=52:54:00:0a:63:02"},
+			notWant: []string{"hostfwd", "smb", "tftp", "tap,"}},
+		{name: "network before the sandbox option", mod: func(c *VMConfig) { c.Seccomp = true; c.Net = &NetDevice{User: true, MAC: mac} },
+			want: []string{"mac=52:54:00:0a:63:02 -sandbox on"}},
+		{name: "no tap and no user", mod: func(c *VMConfig) { c.Net = &NetDevice{MAC: mac} }, wantErr: "neither a tap fd"},
+		{name: "tap and user", mod: func(c *VMConfig) { c.Net = &NetDevice{TapFD: 8, User: true, MAC: mac} }, wantErr: "both a tap and user mode"},
+		{name: "multicast MAC", mod: func(c *VMConfig) { c.Net = &NetDevice{User: true, MAC: [6]byte{1, 2, 3, 4, 5, 6}} }, wantErr: "01:02:03:04:05:06 is not a unicast"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

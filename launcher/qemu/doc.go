@@ -56,10 +56,13 @@
 //   - Share limit, measured with QEMU 7.2 (TestShareLimit): -M microvm has
 //     24 virtio-mmio transports (the 25th device: "No 'virtio-bus' bus
 //     found"), but with all 24 in use the guest (Debian 12's 6.1 kernel)
-//     hangs mounting the last share; 23 work: 21 shares beside the root
-//     disk and the control channel (MaxSharesMicrovm). q35 (GPU steps)
+//     hangs mounting the last share; 23 work: 20 shares beside the root
+//     disk, the control channel and the network device (MaxSharesMicrovm;
+//     the network device's slot is kept whether or not the step has a
+//     network, so the limit `validate` checks at submit holds for every
+//     mode). q35 (GPU steps)
 //     takes 30 devices on pcie.0 (QEMU: "PCI: no slot/function available"
-//     past it; guest not booted here, no KVM): 28 less one root port per
+//     past it; guest not booted here, no KVM): 27 less one root port per
 //     GPU. Counted before QEMU starts (TooManySharesError) and at submit
 //     (`validate`, the microvm limit). Not lifted: packing 9p devices as
 //     PCI multifunction or behind a pcie-pci-bridge only helps q35, and

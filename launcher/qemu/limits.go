@@ -20,20 +20,22 @@ const (
 	// devices may take: 32 less the host bridge (00.0) and the LPC bridge
 	// (1f.0). One more fails with "PCI: no slot/function available".
 	Q35Slots = 30
-	// baseDevices are the root disk and the control channel.
-	baseDevices = 2
+	// baseDevices are the root disk, the control channel and the network
+	// device (counted whether or not the step has a network, so the limit
+	// checked at submit is the one every step gets).
+	baseDevices = 3
 )
 
 // MaxSharesMicrovm is how many host shares a step without GPUs (-M
 // microvm) can take: the 23 virtio-mmio transports a guest can use less
-// the root disk and the control channel. GPU steps (q35) take
+// the root disk, the control channel and the network device. GPU steps (q35) take
 // MaxShares(true, gpus).
 const MaxSharesMicrovm = MicrovmTransports - microvmUnusable - baseDevices
 
 // MaxShares is how many host shares (site mounts, scratch, user mounts,
 // the host MPI share) one VM can take: MaxSharesMicrovm on -M microvm; on
-// q35 (pci) Q35Slots less the root disk, the control channel and one
-// pcie-root-port per GPU.
+// q35 (pci) Q35Slots less the root disk, the control channel, the network
+// device and one pcie-root-port per GPU.
 func MaxShares(pci bool, gpus int) int {
 	if !pci {
 		return MaxSharesMicrovm
@@ -63,9 +65,9 @@ type TooManySharesError struct {
 
 func (e *TooManySharesError) Error() string {
 	if e.PCI {
-		return fmt.Sprintf("%d host shares (site mounts, scratch, --microvm-mounts, host MPI, the GPU driver set): a GPU microVM with %d GPUs takes at most %d (q35 has %d device slots; the root disk, the control channel and one port per GPU use %d); mount a common parent instead of several directories under it",
+		return fmt.Sprintf("%d host shares (site mounts, scratch, --microvm-mounts, host MPI, the GPU driver set): a GPU microVM with %d GPUs takes at most %d (q35 has %d device slots; the root disk, the control channel, the network device and one port per GPU use %d); mount a common parent instead of several directories under it",
 			e.Shares, e.GPUs, e.Max, Q35Slots, baseDevices+e.GPUs)
 	}
-	return fmt.Sprintf("%d host shares (site mounts, scratch, --microvm-mounts, host MPI): a microVM takes at most %d (a -M microvm guest can use %d virtio-mmio slots; the root disk and the control channel use %d); mount a common parent instead of several directories under it",
+	return fmt.Sprintf("%d host shares (site mounts, scratch, --microvm-mounts, host MPI): a microVM takes at most %d (a -M microvm guest can use %d virtio-mmio slots; the root disk, the control channel and the network device use %d); mount a common parent instead of several directories under it",
 		e.Shares, e.Max, MicrovmTransports-microvmUnusable, baseDevices)
 }

@@ -73,6 +73,8 @@ type sandbox struct {
 	mounts  []*api.Mount
 	// gpuDriver is the agent's GPU driver set-up (nil without one).
 	gpuDriver *api.GPUDriver
+	// network is the agent's network set-up (nil: loopback only).
+	network *api.Network
 
 	stopOnce sync.Once
 	// stopping is set before Stop kills the VMM: its end is then not a
@@ -190,6 +192,30 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	extra = append(extra, con.w)
 	const kernelFD, initrdFD, diskFD, consoleFD = 4, 5, 6, 7
 	const diskSet, consoleSet = 1, 2
+	// The network device: a tap the launcher opened (and, under KVM, the
+	// vhost-net device for it) as the next fds, or QEMU's user-mode NAT.
+	var netdev *NetDevice
+	var netSetup *api.Network
+	if n := cfg.Network; n != nil {
+		if (n.Tap == nil) == !n.User {
+			return fail(errors.New("network: give exactly one of a tap device and user mode"))
+		}
+		netdev = &NetDevice{User: n.User, MAC: n.Guest.MAC}
+		if n.Tap != nil {
+			netdev.TapFD = 3 + len(extra)
+			extra = append(extra, n.Tap)
+			vhost, err := openVhost(d.o.Accel)
+			if err != nil {
+				return fail(err)
+			}
+			if vhost != nil {
+				opened = append(opened, vhost)
+				netdev.VhostFD = 3 + len(extra)
+				extra = append(extra, vhost)
+			}
+		}
+		netSetup = networkSetup(n.Guest)
+	}
 	vm := VMConfig{
 		Name:        "slurm-microvm-" + cfg.ID,
 		Accel:       d.o.Accel,
@@ -205,6 +231,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		Seccomp:     d.o.Seccomp,
 		PCI:         cfg.PCI,
 		MachineArgs: cfg.MachineArgs,
+		Net:         netdev,
 	}
 	args, err := Args(vm)
 	if err != nil {
@@ -250,15 +277,19 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	// The VMM must not outlive its supervisor. Go sets the parent-death
 	// signal after the credentials (a credential change clears it).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: id.cred}
-	log.Info("starting VMM", "binary", d.o.Binary, "identity", id.String(), "args", strings.Join(args, " "))
+	var netns *os.File
+	if cfg.Network != nil {
+		netns = cfg.Network.NetNS
+	}
+	log.Info("starting VMM", "binary", d.o.Binary, "identity", id.String(), "own_netns", netns != nil, "args", strings.Join(args, " "))
 	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
+	if err := startIn(cmd, netns); err != nil {
 		restore()
 		return fail(fmt.Errorf("start VMM %s as %s: %w", d.o.Binary, id, err))
 	}
 	guestEnd.Close()
 	con.w.Close() // QEMU holds the console's write end now; EOF comes with it
-	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts, gpuDriver: gpuDriver}
+	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts, gpuDriver: gpuDriver, network: netSetup}
 	go func() {
 		err := cmd.Wait()
 		restore()
@@ -308,7 +339,7 @@ func (s *sandbox) waitReady(ctx context.Context) error {
 			RootDevice: "/dev/vda", RootFstype: "erofs",
 			OverlayMib: s.cfg.OverlayMiB, Hostname: s.cfg.Hostname,
 			ImageEnv: api.Bytes(s.cfg.ImageEnv), ImageWorkdir: []byte(s.cfg.ImageWorkdir),
-			Mounts: s.mounts, GpuDriver: s.gpuDriver,
+			Mounts: s.mounts, GpuDriver: s.gpuDriver, Network: s.network,
 		})
 		ch <- result{c, err}
 	}()

@@ -224,7 +224,10 @@ type SetupRequest struct {
 	Mounts []*Mount `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
 	// The node's GPU driver, for a step with GPUs only: set up after the
 	// root and the mounts, before any process starts.
-	GpuDriver     *GPUDriver `protobuf:"bytes,11,opt,name=gpu_driver,json=gpuDriver,proto3" json:"gpu_driver,omitempty"`
+	GpuDriver *GPUDriver `protobuf:"bytes,11,opt,name=gpu_driver,json=gpuDriver,proto3" json:"gpu_driver,omitempty"`
+	// The guest's one network interface, configured after the root and
+	// before any process starts; absent: loopback only.
+	Network       *Network `protobuf:"bytes,12,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -336,6 +339,286 @@ func (x *SetupRequest) GetGpuDriver() *GPUDriver {
 	return nil
 }
 
+func (x *SetupRequest) GetNetwork() *Network {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+// Network is the static configuration of the guest's one interface, sent
+// by the launcher (no DHCP in the guest). The agent checks every field
+// again and refuses the whole Setup on the first bad one. Addresses are
+// text as net/netip parses them ("10.99.0.2", "10.99.0.0/24").
+type Network struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// MAC of the interface to configure: 6 bytes, unicast. The agent
+	// picks the interface that has it (QEMU's -device ...,mac=).
+	Mac []byte `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	// Address with its on-link prefix length, e.g. "10.99.0.2/24".
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// MTU in bytes; 0 keeps the device's (1500 for virtio-net).
+	Mtu uint32 `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// Default route's next hop, inside the on-link prefix; "" for none.
+	Gateway string   `protobuf:"bytes,4,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	Routes  []*Route `protobuf:"bytes,5,rep,name=routes,proto3" json:"routes,omitempty"`
+	// Permanent neighbor (ARP) entries: the step's other guests.
+	Neighbors []*Neighbor `protobuf:"bytes,6,rep,name=neighbors,proto3" json:"neighbors,omitempty"`
+	// /etc/hosts lines besides localhost's.
+	Hosts []*HostEntry `protobuf:"bytes,7,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	// Name servers for /etc/resolv.conf (at most 3); none: the image's
+	// file is kept.
+	Dns           []string `protobuf:"bytes,8,rep,name=dns,proto3" json:"dns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Network) Reset() {
+	*x = Network{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Network) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Network) ProtoMessage() {}
+
+func (x *Network) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Network.ProtoReflect.Descriptor instead.
+func (*Network) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Network) GetMac() []byte {
+	if x != nil {
+		return x.Mac
+	}
+	return nil
+}
+
+func (x *Network) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Network) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *Network) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *Network) GetRoutes() []*Route {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+func (x *Network) GetNeighbors() []*Neighbor {
+	if x != nil {
+		return x.Neighbors
+	}
+	return nil
+}
+
+func (x *Network) GetHosts() []*HostEntry {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+func (x *Network) GetDns() []string {
+	if x != nil {
+		return x.Dns
+	}
+	return nil
+}
+
+type Route struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Destination prefix, e.g. "10.98.0.0/16".
+	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	// Next hop, inside the interface's on-link prefix.
+	Via           string `protobuf:"bytes,2,opt,name=via,proto3" json:"via,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Route) Reset() {
+	*x = Route{}
+	mi := &file_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Route) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Route) ProtoMessage() {}
+
+func (x *Route) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Route.ProtoReflect.Descriptor instead.
+func (*Route) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Route) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *Route) GetVia() string {
+	if x != nil {
+		return x.Via
+	}
+	return ""
+}
+
+type Neighbor struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Address string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// 6 bytes, unicast.
+	Mac           []byte `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Neighbor) Reset() {
+	*x = Neighbor{}
+	mi := &file_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Neighbor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Neighbor) ProtoMessage() {}
+
+func (x *Neighbor) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Neighbor.ProtoReflect.Descriptor instead.
+func (*Neighbor) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Neighbor) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Neighbor) GetMac() []byte {
+	if x != nil {
+		return x.Mac
+	}
+	return nil
+}
+
+type HostEntry struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Address string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// Host names (RFC 1123), the canonical one first.
+	Names         []string `protobuf:"bytes,2,rep,name=names,proto3" json:"names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostEntry) Reset() {
+	*x = HostEntry{}
+	mi := &file_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostEntry) ProtoMessage() {}
+
+func (x *HostEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostEntry.ProtoReflect.Descriptor instead.
+func (*HostEntry) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *HostEntry) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *HostEntry) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
 // GPUDriver is a GPU driver set shared read-only from the host (package
 // launcher/gpu/driverset): kernel modules loaded in order, the firmware
 // they request, device nodes made from the majors they register, and the
@@ -363,7 +646,7 @@ type GPUDriver struct {
 
 func (x *GPUDriver) Reset() {
 	*x = GPUDriver{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -375,7 +658,7 @@ func (x *GPUDriver) String() string {
 func (*GPUDriver) ProtoMessage() {}
 
 func (x *GPUDriver) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -388,7 +671,7 @@ func (x *GPUDriver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUDriver.ProtoReflect.Descriptor instead.
 func (*GPUDriver) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GPUDriver) GetTag() string {
@@ -459,7 +742,7 @@ type KernelModule struct {
 
 func (x *KernelModule) Reset() {
 	*x = KernelModule{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +754,7 @@ func (x *KernelModule) String() string {
 func (*KernelModule) ProtoMessage() {}
 
 func (x *KernelModule) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +767,7 @@ func (x *KernelModule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelModule.ProtoReflect.Descriptor instead.
 func (*KernelModule) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KernelModule) GetName() string {
@@ -527,7 +810,7 @@ type DeviceNode struct {
 
 func (x *DeviceNode) Reset() {
 	*x = DeviceNode{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +822,7 @@ func (x *DeviceNode) String() string {
 func (*DeviceNode) ProtoMessage() {}
 
 func (x *DeviceNode) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +835,7 @@ func (x *DeviceNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceNode.ProtoReflect.Descriptor instead.
 func (*DeviceNode) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeviceNode) GetPath() string {
@@ -605,7 +888,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -617,7 +900,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -630,7 +913,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Mount) GetTag() string {
@@ -684,7 +967,7 @@ type CreateProcessRequest struct {
 
 func (x *CreateProcessRequest) Reset() {
 	*x = CreateProcessRequest{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +979,7 @@ func (x *CreateProcessRequest) String() string {
 func (*CreateProcessRequest) ProtoMessage() {}
 
 func (x *CreateProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +992,7 @@ func (x *CreateProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProcessRequest.ProtoReflect.Descriptor instead.
 func (*CreateProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateProcessRequest) GetArgv() [][]byte {
@@ -793,7 +1076,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +1088,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +1101,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Forward) GetFd() uint32 {
@@ -857,7 +1140,7 @@ type CreateProcessResponse struct {
 
 func (x *CreateProcessResponse) Reset() {
 	*x = CreateProcessResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +1152,7 @@ func (x *CreateProcessResponse) String() string {
 func (*CreateProcessResponse) ProtoMessage() {}
 
 func (x *CreateProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +1165,7 @@ func (x *CreateProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProcessResponse.ProtoReflect.Descriptor instead.
 func (*CreateProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateProcessResponse) GetId() string {
@@ -923,7 +1206,7 @@ type ForwardInfo struct {
 
 func (x *ForwardInfo) Reset() {
 	*x = ForwardInfo{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1218,7 @@ func (x *ForwardInfo) String() string {
 func (*ForwardInfo) ProtoMessage() {}
 
 func (x *ForwardInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1231,7 @@ func (x *ForwardInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardInfo.ProtoReflect.Descriptor instead.
 func (*ForwardInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ForwardInfo) GetChannel() string {
@@ -975,7 +1258,7 @@ type AcceptChannelRequest struct {
 
 func (x *AcceptChannelRequest) Reset() {
 	*x = AcceptChannelRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -987,7 +1270,7 @@ func (x *AcceptChannelRequest) String() string {
 func (*AcceptChannelRequest) ProtoMessage() {}
 
 func (x *AcceptChannelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1000,7 +1283,7 @@ func (x *AcceptChannelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceptChannelRequest.ProtoReflect.Descriptor instead.
 func (*AcceptChannelRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AcceptChannelRequest) GetId() string {
@@ -1026,7 +1309,7 @@ type Channel struct {
 
 func (x *Channel) Reset() {
 	*x = Channel{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1321,7 @@ func (x *Channel) String() string {
 func (*Channel) ProtoMessage() {}
 
 func (x *Channel) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1334,7 @@ func (x *Channel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Channel.ProtoReflect.Descriptor instead.
 func (*Channel) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Channel) GetId() string {
@@ -1071,7 +1354,7 @@ type ChannelReadRequest struct {
 
 func (x *ChannelReadRequest) Reset() {
 	*x = ChannelReadRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1366,7 @@ func (x *ChannelReadRequest) String() string {
 func (*ChannelReadRequest) ProtoMessage() {}
 
 func (x *ChannelReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1379,7 @@ func (x *ChannelReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelReadRequest.ProtoReflect.Descriptor instead.
 func (*ChannelReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ChannelReadRequest) GetId() string {
@@ -1123,7 +1406,7 @@ type ChannelWriteRequest struct {
 
 func (x *ChannelWriteRequest) Reset() {
 	*x = ChannelWriteRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1418,7 @@ func (x *ChannelWriteRequest) String() string {
 func (*ChannelWriteRequest) ProtoMessage() {}
 
 func (x *ChannelWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1431,7 @@ func (x *ChannelWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelWriteRequest.ProtoReflect.Descriptor instead.
 func (*ChannelWriteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ChannelWriteRequest) GetId() string {
@@ -1174,7 +1457,7 @@ type ChannelCloseRequest struct {
 
 func (x *ChannelCloseRequest) Reset() {
 	*x = ChannelCloseRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1469,7 @@ func (x *ChannelCloseRequest) String() string {
 func (*ChannelCloseRequest) ProtoMessage() {}
 
 func (x *ChannelCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1482,7 @@ func (x *ChannelCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelCloseRequest.ProtoReflect.Descriptor instead.
 func (*ChannelCloseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ChannelCloseRequest) GetId() string {
@@ -1218,7 +1501,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1513,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1526,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ProcessRequest) GetId() string {
@@ -1263,7 +1546,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1558,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1571,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -1314,7 +1597,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1609,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1622,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteStdinResponse) GetLen() uint32 {
@@ -1361,7 +1644,7 @@ type ReadOutputRequest struct {
 
 func (x *ReadOutputRequest) Reset() {
 	*x = ReadOutputRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +1656,7 @@ func (x *ReadOutputRequest) String() string {
 func (*ReadOutputRequest) ProtoMessage() {}
 
 func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +1669,7 @@ func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadOutputRequest) GetId() string {
@@ -1420,7 +1703,7 @@ type ReadOutputResponse struct {
 
 func (x *ReadOutputResponse) Reset() {
 	*x = ReadOutputResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1715,7 @@ func (x *ReadOutputResponse) String() string {
 func (*ReadOutputResponse) ProtoMessage() {}
 
 func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1728,7 @@ func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputResponse.ProtoReflect.Descriptor instead.
 func (*ReadOutputResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadOutputResponse) GetData() []byte {
@@ -1472,7 +1755,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1767,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1780,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -1526,7 +1809,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1538,7 +1821,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1551,7 +1834,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -1579,7 +1862,7 @@ type ResizeTTYRequest struct {
 
 func (x *ResizeTTYRequest) Reset() {
 	*x = ResizeTTYRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1591,7 +1874,7 @@ func (x *ResizeTTYRequest) String() string {
 func (*ResizeTTYRequest) ProtoMessage() {}
 
 func (x *ResizeTTYRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1604,7 +1887,7 @@ func (x *ResizeTTYRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeTTYRequest.ProtoReflect.Descriptor instead.
 func (*ResizeTTYRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResizeTTYRequest) GetId() string {
@@ -1638,7 +1921,7 @@ const file_agent_proto_rawDesc = "" +
 	"\fPingResponse\x12%\n" +
 	"\x0ekernel_release\x18\x01 \x01(\tR\rkernelRelease\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x1b\n" +
-	"\tuptime_ms\x18\x03 \x01(\x04R\buptimeMs\"\x82\x03\n" +
+	"\tuptime_ms\x18\x03 \x01(\x04R\buptimeMs\"\xbc\x03\n" +
 	"\fSetupRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
@@ -1655,7 +1938,26 @@ const file_agent_proto_rawDesc = "" +
 	"\x06mounts\x18\n" +
 	" \x03(\v2\x1c.slurmmicrovm.agent.v1.MountR\x06mounts\x12?\n" +
 	"\n" +
-	"gpu_driver\x18\v \x01(\v2 .slurmmicrovm.agent.v1.GPUDriverR\tgpuDriver\"\xb6\x02\n" +
+	"gpu_driver\x18\v \x01(\v2 .slurmmicrovm.agent.v1.GPUDriverR\tgpuDriver\x128\n" +
+	"\anetwork\x18\f \x01(\v2\x1e.slurmmicrovm.agent.v1.NetworkR\anetwork\"\xa0\x02\n" +
+	"\aNetwork\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\fR\x03mac\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x10\n" +
+	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x18\n" +
+	"\agateway\x18\x04 \x01(\tR\agateway\x124\n" +
+	"\x06routes\x18\x05 \x03(\v2\x1c.slurmmicrovm.agent.v1.RouteR\x06routes\x12=\n" +
+	"\tneighbors\x18\x06 \x03(\v2\x1f.slurmmicrovm.agent.v1.NeighborR\tneighbors\x126\n" +
+	"\x05hosts\x18\a \x03(\v2 .slurmmicrovm.agent.v1.HostEntryR\x05hosts\x12\x10\n" +
+	"\x03dns\x18\b \x03(\tR\x03dns\";\n" +
+	"\x05Route\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x10\n" +
+	"\x03via\x18\x02 \x01(\tR\x03via\"6\n" +
+	"\bNeighbor\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\fR\x03mac\";\n" +
+	"\tHostEntry\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05names\x18\x02 \x03(\tR\x05names\"\xb6\x02\n" +
 	"\tGPUDriver\x12\x10\n" +
 	"\x03tag\x18\x01 \x01(\tR\x03tag\x12=\n" +
 	"\amodules\x18\x02 \x03(\v2#.slurmmicrovm.agent.v1.KernelModuleR\amodules\x12!\n" +
@@ -1778,76 +2080,84 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: slurmmicrovm.agent.v1.Stream
 	(*Empty)(nil),                 // 1: slurmmicrovm.agent.v1.Empty
 	(*PingRequest)(nil),           // 2: slurmmicrovm.agent.v1.PingRequest
 	(*PingResponse)(nil),          // 3: slurmmicrovm.agent.v1.PingResponse
 	(*SetupRequest)(nil),          // 4: slurmmicrovm.agent.v1.SetupRequest
-	(*GPUDriver)(nil),             // 5: slurmmicrovm.agent.v1.GPUDriver
-	(*KernelModule)(nil),          // 6: slurmmicrovm.agent.v1.KernelModule
-	(*DeviceNode)(nil),            // 7: slurmmicrovm.agent.v1.DeviceNode
-	(*Mount)(nil),                 // 8: slurmmicrovm.agent.v1.Mount
-	(*CreateProcessRequest)(nil),  // 9: slurmmicrovm.agent.v1.CreateProcessRequest
-	(*Forward)(nil),               // 10: slurmmicrovm.agent.v1.Forward
-	(*CreateProcessResponse)(nil), // 11: slurmmicrovm.agent.v1.CreateProcessResponse
-	(*ForwardInfo)(nil),           // 12: slurmmicrovm.agent.v1.ForwardInfo
-	(*AcceptChannelRequest)(nil),  // 13: slurmmicrovm.agent.v1.AcceptChannelRequest
-	(*Channel)(nil),               // 14: slurmmicrovm.agent.v1.Channel
-	(*ChannelReadRequest)(nil),    // 15: slurmmicrovm.agent.v1.ChannelReadRequest
-	(*ChannelWriteRequest)(nil),   // 16: slurmmicrovm.agent.v1.ChannelWriteRequest
-	(*ChannelCloseRequest)(nil),   // 17: slurmmicrovm.agent.v1.ChannelCloseRequest
-	(*ProcessRequest)(nil),        // 18: slurmmicrovm.agent.v1.ProcessRequest
-	(*WriteStdinRequest)(nil),     // 19: slurmmicrovm.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 20: slurmmicrovm.agent.v1.WriteStdinResponse
-	(*ReadOutputRequest)(nil),     // 21: slurmmicrovm.agent.v1.ReadOutputRequest
-	(*ReadOutputResponse)(nil),    // 22: slurmmicrovm.agent.v1.ReadOutputResponse
-	(*SignalRequest)(nil),         // 23: slurmmicrovm.agent.v1.SignalRequest
-	(*WaitResponse)(nil),          // 24: slurmmicrovm.agent.v1.WaitResponse
-	(*ResizeTTYRequest)(nil),      // 25: slurmmicrovm.agent.v1.ResizeTTYRequest
+	(*Network)(nil),               // 5: slurmmicrovm.agent.v1.Network
+	(*Route)(nil),                 // 6: slurmmicrovm.agent.v1.Route
+	(*Neighbor)(nil),              // 7: slurmmicrovm.agent.v1.Neighbor
+	(*HostEntry)(nil),             // 8: slurmmicrovm.agent.v1.HostEntry
+	(*GPUDriver)(nil),             // 9: slurmmicrovm.agent.v1.GPUDriver
+	(*KernelModule)(nil),          // 10: slurmmicrovm.agent.v1.KernelModule
+	(*DeviceNode)(nil),            // 11: slurmmicrovm.agent.v1.DeviceNode
+	(*Mount)(nil),                 // 12: slurmmicrovm.agent.v1.Mount
+	(*CreateProcessRequest)(nil),  // 13: slurmmicrovm.agent.v1.CreateProcessRequest
+	(*Forward)(nil),               // 14: slurmmicrovm.agent.v1.Forward
+	(*CreateProcessResponse)(nil), // 15: slurmmicrovm.agent.v1.CreateProcessResponse
+	(*ForwardInfo)(nil),           // 16: slurmmicrovm.agent.v1.ForwardInfo
+	(*AcceptChannelRequest)(nil),  // 17: slurmmicrovm.agent.v1.AcceptChannelRequest
+	(*Channel)(nil),               // 18: slurmmicrovm.agent.v1.Channel
+	(*ChannelReadRequest)(nil),    // 19: slurmmicrovm.agent.v1.ChannelReadRequest
+	(*ChannelWriteRequest)(nil),   // 20: slurmmicrovm.agent.v1.ChannelWriteRequest
+	(*ChannelCloseRequest)(nil),   // 21: slurmmicrovm.agent.v1.ChannelCloseRequest
+	(*ProcessRequest)(nil),        // 22: slurmmicrovm.agent.v1.ProcessRequest
+	(*WriteStdinRequest)(nil),     // 23: slurmmicrovm.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 24: slurmmicrovm.agent.v1.WriteStdinResponse
+	(*ReadOutputRequest)(nil),     // 25: slurmmicrovm.agent.v1.ReadOutputRequest
+	(*ReadOutputResponse)(nil),    // 26: slurmmicrovm.agent.v1.ReadOutputResponse
+	(*SignalRequest)(nil),         // 27: slurmmicrovm.agent.v1.SignalRequest
+	(*WaitResponse)(nil),          // 28: slurmmicrovm.agent.v1.WaitResponse
+	(*ResizeTTYRequest)(nil),      // 29: slurmmicrovm.agent.v1.ResizeTTYRequest
 }
 var file_agent_proto_depIdxs = []int32{
-	8,  // 0: slurmmicrovm.agent.v1.SetupRequest.mounts:type_name -> slurmmicrovm.agent.v1.Mount
-	5,  // 1: slurmmicrovm.agent.v1.SetupRequest.gpu_driver:type_name -> slurmmicrovm.agent.v1.GPUDriver
-	6,  // 2: slurmmicrovm.agent.v1.GPUDriver.modules:type_name -> slurmmicrovm.agent.v1.KernelModule
-	7,  // 3: slurmmicrovm.agent.v1.GPUDriver.devices:type_name -> slurmmicrovm.agent.v1.DeviceNode
-	10, // 4: slurmmicrovm.agent.v1.CreateProcessRequest.forwards:type_name -> slurmmicrovm.agent.v1.Forward
-	12, // 5: slurmmicrovm.agent.v1.CreateProcessResponse.forwards:type_name -> slurmmicrovm.agent.v1.ForwardInfo
-	0,  // 6: slurmmicrovm.agent.v1.ReadOutputRequest.stream:type_name -> slurmmicrovm.agent.v1.Stream
-	2,  // 7: slurmmicrovm.agent.v1.Agent.Ping:input_type -> slurmmicrovm.agent.v1.PingRequest
-	4,  // 8: slurmmicrovm.agent.v1.Agent.Setup:input_type -> slurmmicrovm.agent.v1.SetupRequest
-	9,  // 9: slurmmicrovm.agent.v1.Agent.CreateProcess:input_type -> slurmmicrovm.agent.v1.CreateProcessRequest
-	19, // 10: slurmmicrovm.agent.v1.Agent.WriteStdin:input_type -> slurmmicrovm.agent.v1.WriteStdinRequest
-	18, // 11: slurmmicrovm.agent.v1.Agent.CloseStdin:input_type -> slurmmicrovm.agent.v1.ProcessRequest
-	21, // 12: slurmmicrovm.agent.v1.Agent.ReadOutput:input_type -> slurmmicrovm.agent.v1.ReadOutputRequest
-	23, // 13: slurmmicrovm.agent.v1.Agent.Signal:input_type -> slurmmicrovm.agent.v1.SignalRequest
-	18, // 14: slurmmicrovm.agent.v1.Agent.Wait:input_type -> slurmmicrovm.agent.v1.ProcessRequest
-	25, // 15: slurmmicrovm.agent.v1.Agent.ResizeTTY:input_type -> slurmmicrovm.agent.v1.ResizeTTYRequest
-	13, // 16: slurmmicrovm.agent.v1.Agent.AcceptChannel:input_type -> slurmmicrovm.agent.v1.AcceptChannelRequest
-	15, // 17: slurmmicrovm.agent.v1.Agent.ChannelRead:input_type -> slurmmicrovm.agent.v1.ChannelReadRequest
-	16, // 18: slurmmicrovm.agent.v1.Agent.ChannelWrite:input_type -> slurmmicrovm.agent.v1.ChannelWriteRequest
-	17, // 19: slurmmicrovm.agent.v1.Agent.ChannelClose:input_type -> slurmmicrovm.agent.v1.ChannelCloseRequest
-	1,  // 20: slurmmicrovm.agent.v1.Agent.Shutdown:input_type -> slurmmicrovm.agent.v1.Empty
-	3,  // 21: slurmmicrovm.agent.v1.Agent.Ping:output_type -> slurmmicrovm.agent.v1.PingResponse
-	1,  // 22: slurmmicrovm.agent.v1.Agent.Setup:output_type -> slurmmicrovm.agent.v1.Empty
-	11, // 23: slurmmicrovm.agent.v1.Agent.CreateProcess:output_type -> slurmmicrovm.agent.v1.CreateProcessResponse
-	20, // 24: slurmmicrovm.agent.v1.Agent.WriteStdin:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
-	1,  // 25: slurmmicrovm.agent.v1.Agent.CloseStdin:output_type -> slurmmicrovm.agent.v1.Empty
-	22, // 26: slurmmicrovm.agent.v1.Agent.ReadOutput:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
-	1,  // 27: slurmmicrovm.agent.v1.Agent.Signal:output_type -> slurmmicrovm.agent.v1.Empty
-	24, // 28: slurmmicrovm.agent.v1.Agent.Wait:output_type -> slurmmicrovm.agent.v1.WaitResponse
-	1,  // 29: slurmmicrovm.agent.v1.Agent.ResizeTTY:output_type -> slurmmicrovm.agent.v1.Empty
-	14, // 30: slurmmicrovm.agent.v1.Agent.AcceptChannel:output_type -> slurmmicrovm.agent.v1.Channel
-	22, // 31: slurmmicrovm.agent.v1.Agent.ChannelRead:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
-	20, // 32: slurmmicrovm.agent.v1.Agent.ChannelWrite:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
-	1,  // 33: slurmmicrovm.agent.v1.Agent.ChannelClose:output_type -> slurmmicrovm.agent.v1.Empty
-	1,  // 34: slurmmicrovm.agent.v1.Agent.Shutdown:output_type -> slurmmicrovm.agent.v1.Empty
-	21, // [21:35] is the sub-list for method output_type
-	7,  // [7:21] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	12, // 0: slurmmicrovm.agent.v1.SetupRequest.mounts:type_name -> slurmmicrovm.agent.v1.Mount
+	9,  // 1: slurmmicrovm.agent.v1.SetupRequest.gpu_driver:type_name -> slurmmicrovm.agent.v1.GPUDriver
+	5,  // 2: slurmmicrovm.agent.v1.SetupRequest.network:type_name -> slurmmicrovm.agent.v1.Network
+	6,  // 3: slurmmicrovm.agent.v1.Network.routes:type_name -> slurmmicrovm.agent.v1.Route
+	7,  // 4: slurmmicrovm.agent.v1.Network.neighbors:type_name -> slurmmicrovm.agent.v1.Neighbor
+	8,  // 5: slurmmicrovm.agent.v1.Network.hosts:type_name -> slurmmicrovm.agent.v1.HostEntry
+	10, // 6: slurmmicrovm.agent.v1.GPUDriver.modules:type_name -> slurmmicrovm.agent.v1.KernelModule
+	11, // 7: slurmmicrovm.agent.v1.GPUDriver.devices:type_name -> slurmmicrovm.agent.v1.DeviceNode
+	14, // 8: slurmmicrovm.agent.v1.CreateProcessRequest.forwards:type_name -> slurmmicrovm.agent.v1.Forward
+	16, // 9: slurmmicrovm.agent.v1.CreateProcessResponse.forwards:type_name -> slurmmicrovm.agent.v1.ForwardInfo
+	0,  // 10: slurmmicrovm.agent.v1.ReadOutputRequest.stream:type_name -> slurmmicrovm.agent.v1.Stream
+	2,  // 11: slurmmicrovm.agent.v1.Agent.Ping:input_type -> slurmmicrovm.agent.v1.PingRequest
+	4,  // 12: slurmmicrovm.agent.v1.Agent.Setup:input_type -> slurmmicrovm.agent.v1.SetupRequest
+	13, // 13: slurmmicrovm.agent.v1.Agent.CreateProcess:input_type -> slurmmicrovm.agent.v1.CreateProcessRequest
+	23, // 14: slurmmicrovm.agent.v1.Agent.WriteStdin:input_type -> slurmmicrovm.agent.v1.WriteStdinRequest
+	22, // 15: slurmmicrovm.agent.v1.Agent.CloseStdin:input_type -> slurmmicrovm.agent.v1.ProcessRequest
+	25, // 16: slurmmicrovm.agent.v1.Agent.ReadOutput:input_type -> slurmmicrovm.agent.v1.ReadOutputRequest
+	27, // 17: slurmmicrovm.agent.v1.Agent.Signal:input_type -> slurmmicrovm.agent.v1.SignalRequest
+	22, // 18: slurmmicrovm.agent.v1.Agent.Wait:input_type -> slurmmicrovm.agent.v1.ProcessRequest
+	29, // 19: slurmmicrovm.agent.v1.Agent.ResizeTTY:input_type -> slurmmicrovm.agent.v1.ResizeTTYRequest
+	17, // 20: slurmmicrovm.agent.v1.Agent.AcceptChannel:input_type -> slurmmicrovm.agent.v1.AcceptChannelRequest
+	19, // 21: slurmmicrovm.agent.v1.Agent.ChannelRead:input_type -> slurmmicrovm.agent.v1.ChannelReadRequest
+	20, // 22: slurmmicrovm.agent.v1.Agent.ChannelWrite:input_type -> slurmmicrovm.agent.v1.ChannelWriteRequest
+	21, // 23: slurmmicrovm.agent.v1.Agent.ChannelClose:input_type -> slurmmicrovm.agent.v1.ChannelCloseRequest
+	1,  // 24: slurmmicrovm.agent.v1.Agent.Shutdown:input_type -> slurmmicrovm.agent.v1.Empty
+	3,  // 25: slurmmicrovm.agent.v1.Agent.Ping:output_type -> slurmmicrovm.agent.v1.PingResponse
+	1,  // 26: slurmmicrovm.agent.v1.Agent.Setup:output_type -> slurmmicrovm.agent.v1.Empty
+	15, // 27: slurmmicrovm.agent.v1.Agent.CreateProcess:output_type -> slurmmicrovm.agent.v1.CreateProcessResponse
+	24, // 28: slurmmicrovm.agent.v1.Agent.WriteStdin:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
+	1,  // 29: slurmmicrovm.agent.v1.Agent.CloseStdin:output_type -> slurmmicrovm.agent.v1.Empty
+	26, // 30: slurmmicrovm.agent.v1.Agent.ReadOutput:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
+	1,  // 31: slurmmicrovm.agent.v1.Agent.Signal:output_type -> slurmmicrovm.agent.v1.Empty
+	28, // 32: slurmmicrovm.agent.v1.Agent.Wait:output_type -> slurmmicrovm.agent.v1.WaitResponse
+	1,  // 33: slurmmicrovm.agent.v1.Agent.ResizeTTY:output_type -> slurmmicrovm.agent.v1.Empty
+	18, // 34: slurmmicrovm.agent.v1.Agent.AcceptChannel:output_type -> slurmmicrovm.agent.v1.Channel
+	26, // 35: slurmmicrovm.agent.v1.Agent.ChannelRead:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
+	24, // 36: slurmmicrovm.agent.v1.Agent.ChannelWrite:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
+	1,  // 37: slurmmicrovm.agent.v1.Agent.ChannelClose:output_type -> slurmmicrovm.agent.v1.Empty
+	1,  // 38: slurmmicrovm.agent.v1.Agent.Shutdown:output_type -> slurmmicrovm.agent.v1.Empty
+	25, // [25:39] is the sub-list for method output_type
+	11, // [11:25] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1861,7 +2171,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,9 +25,18 @@ const (
 // MountRoot mounts the image named by req read-only with a writable tmpfs
 // overlay of req.OverlayMib MiB, plus /proc, /sys, /dev, /dev/pts and
 // /dev/shm inside it, sets the hostname, and returns the root directory. The
-// overlay is discarded with the guest. It is the Options.Setup of the real
-// agent.
+// overlay is discarded with the guest. With req.Network it then configures
+// the guest's interface and writes /etc/hosts (and /etc/resolv.conf when
+// name servers are given) in the overlay; every field of it is checked
+// before anything is mounted. It is the Options.Setup of the real agent.
 func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
+	var netc *netConfig
+	if req.Network != nil {
+		var err error
+		if netc, err = parseNetwork(req.Network); err != nil {
+			return "", fmt.Errorf("network set-up refused: %w", err)
+		}
+	}
 	fstype := req.RootFstype
 	if fstype == "" {
 		fstype = "erofs"
@@ -119,6 +128,14 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 		if err := unix.Sethostname([]byte(req.Hostname)); err != nil {
 			return "", fmt.Errorf("set hostname %q: %w", req.Hostname, err)
 		}
+	}
+	if netc != nil {
+		// The step's /etc/hosts replaces the image's: it maps the step's
+		// node names, which the image's file must not redirect.
+		if err := setupNetwork(ctx, rootDir, req.Hostname, netc); err != nil {
+			return "", err
+		}
+	} else if req.Hostname != "" {
 		// MPI stacks resolve their own host name; an image's /etc/hosts
 		// does not know the node's. The write lands in the overlay.
 		if err := addHost(filepath.Join(rootDir, "etc/hosts"), req.Hostname); err != nil {

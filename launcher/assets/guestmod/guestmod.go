@@ -58,6 +58,10 @@ const FlagBoot = "boot"
 // loaded when a step has host mounts.
 const FlagShare = "share"
 
+// FlagNet marks the closure of the network device's modules (virtio_net),
+// loaded when a step has a network.
+const FlagNet = "net"
+
 // Entry is one line of the order file.
 type Entry struct {
 	// Path is relative to /lib/modules/<release>, e.g. "kernel/fs/erofs/erofs.ko".
@@ -68,6 +72,8 @@ type Entry struct {
 	Boot bool `json:"boot,omitempty"`
 	// Share is set for modules host shares need (9p).
 	Share bool `json:"share,omitempty"`
+	// Net is set for modules the network device needs (virtio_net).
+	Net bool `json:"net,omitempty"`
 }
 
 // Name is the kernel's name for the module: the file name without ".ko",
@@ -105,6 +111,9 @@ func WriteOrder(w io.Writer, release string, entries []Entry) error {
 		if e.Share {
 			line += " " + FlagShare
 		}
+		if e.Net {
+			line += " " + FlagNet
+		}
 		fmt.Fprintln(bw, line)
 	}
 	return bw.Flush()
@@ -133,8 +142,10 @@ func ParseOrder(r io.Reader) ([]Entry, error) {
 				e.Boot = true
 			case FlagShare:
 				e.Share = true
+			case FlagNet:
+				e.Net = true
 			default:
-				return nil, fmt.Errorf("module order line %d: unknown flag %q (known: %s, %s, %s)", n, flag, FlagOptional, FlagBoot, FlagShare)
+				return nil, fmt.Errorf("module order line %d: unknown flag %q (known: %s, %s, %s, %s)", n, flag, FlagOptional, FlagBoot, FlagShare, FlagNet)
 			}
 		}
 		out = append(out, e)
@@ -168,6 +179,8 @@ type Config struct {
 	BootOnly bool
 	// ShareOnly loads only the entries marked share.
 	ShareOnly bool
+	// NetOnly loads only the entries marked net.
+	NetOnly bool
 }
 
 // Result says what Load did, module names in load order.
@@ -219,7 +232,7 @@ func Load(ctx context.Context, c Config) (Result, error) {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("load modules: %w", err)
 		}
-		if (c.BootOnly && !e.Boot) || (c.ShareOnly && !e.Share) {
+		if (c.BootOnly && !e.Boot) || (c.ShareOnly && !e.Share) || (c.NetOnly && !e.Net) {
 			continue
 		}
 		p := filepath.Join(dir, filepath.FromSlash(e.Path))

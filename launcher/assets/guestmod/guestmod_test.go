@@ -32,6 +32,8 @@ func TestOrderRoundTrip(t *testing.T) {
 		{Path: "kernel/drivers/virtio/virtio.ko"},
 		{Path: "kernel/arch/x86/crypto/crc32c-intel.ko", Optional: true},
 		{Path: "kernel/fs/erofs/erofs.ko"},
+		{Path: "kernel/net/core/failover.ko", Net: true},
+		{Path: "kernel/drivers/net/virtio_net.ko", Net: true, Share: true, Boot: true},
 	}
 	var b bytes.Buffer
 	if err := WriteOrder(&b, "6.1.0-57-amd64", in); err != nil {
