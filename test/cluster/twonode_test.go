@@ -10,10 +10,13 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // rootNet is what the test's own (root) network namespace holds: links by
@@ -177,8 +180,9 @@ func TestClusterTwoNodes(t *testing.T) {
 	})
 
 	t.Run("pmix across nodes", func(t *testing.T) {
-		if _, _, code, _ := c.Run(ctx, "", "srun", "--mpi=list"); code != 0 {
-			t.Skip("srun --mpi=list failed")
+		// Slurm dlopens libpmix (package libpmix-dev, hack/setup-debian.sh).
+		if o, e, _, _ := c.Run(ctx, "", "srun", "--mpi=list"); !strings.Contains(o+e, "pmix") {
+			prereq.Missing(t, "srun --mpi=list has no pmix (install libpmix-dev with hack/setup-debian.sh): %s", o+e)
 		}
 		out := srun(t, "", "-N2", "-n2", "-l", "--mpi=pmix", "sh", "-c", "echo $PMIX_RANK $SLURMD_NODENAME")
 		if got, want := lines(out), []string{"0: 0 n1", "1: 1 n2"}; !slices.Equal(got, want) {
@@ -226,5 +230,68 @@ func TestClusterTwoNodes(t *testing.T) {
 	}
 	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
 		t.Errorf("state dir %s after Down: %v, want it gone", c.Dir, err)
+	}
+}
+
+// TestClusterTwoNodesDownBackstop: when slurmctld is gone (killed, so
+// down.sh cannot cancel the jobs) Down still kills the job processes on
+// both nodes (cgroups slurm_n1 and slurm_n2 on v1) and removes their job
+// cgroups and the namespaces.
+func TestClusterTwoNodesDownBackstop(t *testing.T) {
+	c := Up(t, Options{Nodes: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := filepath.Join(c.Dir, "log", "backstop-%j.out")
+	id, err := c.Sbatch(ctx, "", "#!/bin/sh\nsrun -N2 -n2 -l sh -c 'echo $SLURMD_NODENAME $$; exec sleep 300'\n", "-N2", "--output="+out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := strings.ReplaceAll(out, "%j", fmt.Sprint(id))
+	pids := map[string]int{}
+	for deadline := time.Now().Add(30 * time.Second); len(pids) < 2; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(path)
+			t.Fatalf("job %d: no task pid from both nodes in 30 s: %q", id, b)
+		}
+		b, _ := os.ReadFile(path)
+		for _, line := range strings.Split(string(b), "\n") {
+			var rank, pid int
+			var node string
+			if _, err := fmt.Sscanf(line, "%d: %s %d", &rank, &node, &pid); err == nil {
+				pids[node] = pid
+			}
+		}
+	}
+	ctld := recordedPids(t, c.Dir)["slurmctld"]
+	if ctld == 0 {
+		t.Fatal("no slurmctld in the pids file")
+	}
+	if err := syscall.Kill(ctld, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	nsPaths := c.NodeNetNSPaths()
+	if err := c.Down(); err != nil {
+		t.Fatal(err)
+	}
+	for node, pid := range pids {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+			if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) > 0 && f[0] != "Z" {
+				t.Errorf("task of job %d on %s (pid %d) still runs after Down", id, node, pid)
+			}
+		}
+		var dirs []string
+		if c.CgroupVersion == 1 {
+			dirs, _ = filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/*/slurm_%s/uid_*/job_%d", node, id))
+		} else {
+			dirs, _ = filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/system.slice/%s_slurmstepd.scope/job_%d", node, id))
+		}
+		if len(dirs) > 0 {
+			t.Errorf("job cgroups of job %d on %s after Down: %q", id, node, dirs)
+		}
+	}
+	for _, p := range nsPaths {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("network namespace %s after Down: %v, want it gone", p, err)
+		}
 	}
 }
