@@ -63,12 +63,12 @@ func (l *Launcher) planNetwork(ctx context.Context, s *Spec, d state.Dir, log *s
 		Mode: network.Mode(mode), Node: s.ID.Node,
 		Job: s.ID.Job, Step: s.ID.Step, Restart: s.ID.Restart,
 		Subnet: nc.ParsedSubnet(), VXLANPort: uint16(nc.VXLANPort), MTU: nc.MTU,
-		UserSubnet: nc.ParsedUserSubnet(), UserAllow: nc.ParsedUserAllow(),
 	}
 	switch network.Mode(mode) {
 	case network.None:
 		return nil, nothing, nil
 	case network.User:
+		req.UserSubnet, req.UserAllow = nc.ParsedUserSubnet(), nc.ParsedUserAllow()
 		if len(names) > 1 {
 			return nil, nil, fmt.Errorf("--microvm-network=user: user mode is outbound NAT for one-node steps, and this step has %d nodes (%s): use --microvm-network=step for a network between them", len(names), s.Nodes)
 		}
