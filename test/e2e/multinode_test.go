@@ -53,7 +53,7 @@ func TestE2EMultiNode(t *testing.T) {
 		// Documented scheme (launcher/network): node i of the step gets
 		// subnet base + 2 + i; /etc/hosts names every node of the step.
 		out, errOut, code := e.Srun(t, "", "-N2", "-l", "--microvm="+e.Image, "sh", "-c",
-			`ip -4 -o addr show dev eth0; grep -v '^#' /etc/hosts; ping -c1 -W5 `+nodes[1]+` >/dev/null && echo ping-ok`)
+			`ip -4 -o addr show dev eth0; grep -v '^#' /etc/hosts; icmpecho $(grep -w `+nodes[1]+` /etc/hosts | cut -f1) 5s >/dev/null && echo ping-ok`)
 		if code != 0 {
 			t.Fatalf("exit %d: %s\n%s", code, errOut, out)
 		}
@@ -113,7 +113,10 @@ func TestE2EMultiNode(t *testing.T) {
 	})
 
 	e.Run(t, "a killed VMM leaves nothing on either node", func(t *testing.T) {
-		job, cmd := startStep(t, e, "", "fence-kill", "-N2", "--microvm="+e.Image, "sleep", "300")
+		// -K (--kill-on-bad-exit): the task on the other node is ended
+		// when this one fails, as an MPI job would want; without it srun
+		// waits for that task, as on bare nodes.
+		job, cmd := startStep(t, e, "", "fence-kill", "-K", "-N2", "--microvm="+e.Image, "sleep", "300")
 		waitReady(t, e, job, nodes)
 		vmm, err := state.ReadProc(filepath.Join(harness.RuntimeDir, state.StepID{Job: uint32(job), Node: nodes[1]}.String(), state.VMMPidFile))
 		if err != nil {
@@ -263,14 +266,14 @@ while [ ! -e /sync/go ]; do sleep 0.2; done
 for a in 10.224.0.2 10.224.0.3; do
   echo "own $a $(nc -w 3 $a $mine </dev/null 2>&1 | head -1)"
   echo "other $a $(nc -w 3 $a $other </dev/null 2>&1 | head -1)"
-  if ping -c1 -W3 $a >/dev/null 2>&1; then echo "ping $a ok"; else echo "ping $a failed"; fi
+  if icmpecho $a 3s >/dev/null 2>&1; then echo "ping $a ok"; else echo "ping $a failed"; fi
 done
 # The hosts: no route exists; a guest root adds one on the segment to
 # really knock on the host's door (the fence must drop it, not routing).
 [ "$(id -u)" = 0 ] && ip route add 10.250.0.0/24 dev eth0 2>/dev/null
 for h in "$@"; do
   echo "host $h:6818 $(nc -w 3 $h 6818 </dev/null >/dev/null 2>&1 && echo OPEN || echo closed)"
-  if ping -c1 -W3 $h >/dev/null 2>&1; then echo "hostping $h ANSWERED"; else echo "hostping $h none"; fi
+  if icmpecho $h 3s >/dev/null 2>&1; then echo "hostping $h ANSWERED"; else echo "hostping $h none"; fi
 done
 `
 

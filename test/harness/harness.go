@@ -159,6 +159,14 @@ scratch_base = %q
 	}
 	rootfs := filepath.Join(t.TempDir(), "rootfs")
 	fixture.BusyboxRootfs(t, rootfs, e.ImageName)
+	// icmpecho: a ping a non-root job can run (busybox's needs a raw
+	// socket); the agent opens the guest's ping_group_range to every gid.
+	icmp := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(rootfs, "usr/bin/icmpecho"), "./test/fixture/icmpecho")
+	icmp.Dir = repo
+	icmp.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := icmp.CombinedOutput(); err != nil {
+		t.Fatalf("build icmpecho: %v\n%s", err, out)
+	}
 	e.Image = filepath.Join(images, "busybox.tar")
 	fixture.OCIArchive(t, rootfs, e.Image, "microvm-e2e/busybox:1", v1.Config{
 		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "IMAGE_VAR=from-image"}, WorkingDir: "/",
