@@ -232,6 +232,11 @@ func TestClusterTwoNodes(t *testing.T) {
 	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
 		t.Errorf("state dir %s after Down: %v, want it gone", c.Dir, err)
 	}
+	for _, n := range c.Nodes() {
+		if dirs, _ := filepath.Glob("/sys/fs/cgroup/*/slurm_" + n); len(dirs) > 0 {
+			t.Errorf("cgroups of node %s after Down: %q, want them removed", n, dirs)
+		}
+	}
 }
 
 // TestClusterTwoNodesDownBackstop: when slurmctld is gone (killed, so
