@@ -35,7 +35,7 @@ PACKAGES=(
 	gcc libc6-dev make pkg-config     # cgo, the SPANK plugin
 	xz-utils zstd gzip                # compressed kernel modules (test/fixture/nvstandin)
 	git ca-certificates curl unzip    # sources, Go toolchain download
-	iproute2 procps util-linux passwd hostname # ss, ps, setsid/setpriv, useradd: test cluster scripts
+	iproute2 procps util-linux passwd hostname # ss and ip netns, ps, setsid/setpriv/nsenter, useradd: test cluster scripts
 	slurmdbd mariadb-server           # test cluster's accounting mode (ACCOUNTING=1): GPU quotas
 )
 

@@ -117,7 +117,8 @@ type Options struct {
 type Cluster struct {
 	// Dir is the state directory; Conf is Dir/etc/slurm.conf.
 	Dir, Conf string
-	// Node is the node name (hostname -s unless NODE_NAME was given).
+	// Node is the node name (hostname -s unless NODE_NAME was given); in
+	// two-node mode the first node (see Nodes).
 	Node string
 	// CgroupVersion is 1 or 2, as up.sh configured cgroup.conf.
 	CgroupVersion int

@@ -1,6 +1,6 @@
-// Package cluster brings up a real one-node Slurm cluster on this host for
-// end-to-end tests, and runs Slurm commands against it as root or as an
-// unprivileged test user.
+// Package cluster brings up a real one-node (or two-node) Slurm cluster on
+// this host for end-to-end tests, and runs Slurm commands against it as root
+// or as an unprivileged test user.
 //
 // The cluster is Debian 12's Slurm 22.05 (slurm-wlm) with munge, started as
 // root with no systemd by up.sh (embedded in this package; the same script
@@ -14,6 +14,8 @@
 //	DIR/log/       munged.log slurmctld.log slurmd.log, *.out (daemon stdio)
 //	DIR/pids       "name pid starttime exe" of each daemon up.sh started
 //	DIR/db/        with Options.Accounting: MariaDB's datadir and socket
+//	DIR/net        with Options.Nodes = 2: "KIND NETNS ADDR NODE" per namespace
+//	DIR/node       the node names, one a line
 //
 // Configuration (see up.sh): ClusterName=microvm-test,
 // SlurmctldHost=$(hostname -s)(127.0.0.1), one node at 127.0.0.1 shaped as
@@ -57,6 +59,69 @@
 //   - Cold start (mariadb-install-db included) measured on the 2-core
 //     test VM: about 1.4 s more than the plain cluster, 2.7 s in all.
 //
+// Two-node mode (Options.Nodes = 2, up.sh NODES=2) runs two slurmd "nodes"
+// (n1, n2 unless Options.NodeNames says otherwise) on this one host, each
+// in a network namespace of its own, for steps that span nodes:
+//
+//	namespace         holds                          address (FABRIC_NET)
+//	smv-<tag>-fab     bridge br0, veth ends v0 v1 v2  none
+//	smv-<tag>-ctl     slurmctld, slurmdbd, clients    10.250.0.1/24 on fab0
+//	smv-<tag>-n1      slurmd -N n1, its steps         10.250.0.11/24 on fab0
+//	smv-<tag>-n2      slurmd -N n2, its steps         10.250.0.12/24 on fab0
+//
+// <tag> is 6 hex digits of the md5 of the state directory's path, so two
+// state directories never share a namespace name; interface names need
+// no tag, each lives in a namespace of its own cluster. slurm.conf has
+// SlurmctldHost=<host>(10.250.0.1), NodeName=n1 NodeAddr=10.250.0.11
+// NodeHostname=<host> (same for n2, each shaped as `slurmd -C` reports the
+// whole host, each declaring the same fake and stand-in GPUs), TmpFS,
+// SlurmdSpoolDir, SlurmdLogFile and SlurmdPidFile per node (%n). Steps on
+// n1 use the cgroups slurm_n1/... (v1) or n1_slurmstepd.scope (v2).
+// Command runs every client in the controller's namespace; NodeCommand
+// runs a command in a node's, as the step's supervisor there sees the
+// network; NodeNetNS, NodeAddr and Nodes say where each node is. Facts
+// and decisions:
+//
+//   - Daemons enter a namespace by `nsenter --net=/run/netns/X` (it execs:
+//     the recorded pid is the daemon's), not `ip netns exec`: that also
+//     remounts /sys in a mount namespace of its own, where the cgroup v1
+//     hierarchy that slurmd needs is no longer mounted.
+//   - Clients run in the controller's namespace: slurmctld is reachable
+//     only there (from the host's namespace 10.250.0.1 is not routed),
+//     and srun listens for the nodes' slurmd and slurmstepd to connect
+//     back to it (task I/O, step completion), which they can from there. A user's command is `nsenter --net=CTL setpriv
+//     --reuid --regid --groups` (nsenter needs root), with the same ids
+//     the one-node cluster gives it through SysProcAttr.Credential.
+//   - munged stays in the host's namespace: every daemon and client
+//     reaches it by its unix socket in DIR/munge, which is not a network
+//     object. With Accounting, slurmdbd listens on 127.0.0.1 in the
+//     controller's namespace (slurmctld and sacct/sacctmgr are there);
+//     MariaDB takes only its unix socket.
+//   - One TmpFS for both nodes breaks PMIx across them: measured, `srun
+//     -N2 -n2 --mpi=pmix` then loses rank 0's output and still exits 0.
+//     Hence TmpFS=DIR/tmp/%n, pre-created (Slurm does not create it).
+//   - Each node listens on the default ports in its own namespace, so the
+//     two-node cluster needs no free port on the host and cannot clash
+//     with a system slurmd or another test cluster.
+//   - Nothing is added to the host's namespace (no address, route,
+//     bridge or veth end: the veth pairs are created inside the fabric
+//     namespace with their peers placed straight into the other), and
+//     there is no route out of the private ones: a task on n1 gets
+//     "network unreachable" for the host's addresses. Not the host's
+//     loopback with two ports per node: a node's steps would then see,
+//     and could reach, every address of the host.
+//   - down.sh deletes exactly the namespaces DIR/net records (written
+//     before each is created; up.sh refuses to start when a name exists
+//     that the state directory does not record). Deleting a namespace's
+//     name, once its daemons are gone, destroys its interfaces, veth
+//     pairs and bridge with it.
+//   - Inside a two-node job, a one-node step (`srun -N1 -r1`) on n2 has
+//     SLURM_NODEID=0, and a SPANK plugin's S_JOB_NODEID is 0 with
+//     S_JOB_NNODES 1 (measured with a test plugin in task_init): Slurm
+//     counts nodes within the step, not the job.
+//   - Startup measured on the 2-core test VM: about 0.5 s (up.sh's
+//     "startup" line; the one-node cluster takes about as long).
+//
 // Step cgroups observed on cgroup v1 (Debian builds Slurm with multiple-slurmd
 // support, so the prefix carries the node name):
 //
@@ -67,7 +132,7 @@
 //
 // with the --mem limit on job_<job> and step_<step> (task_<n> unlimited).
 //
-// Only one cluster runs at a time per host: Up holds an exclusive flock on
+// Only one cluster of Up runs at a time per host: Up holds an exclusive flock on
 // LockFile for the cluster's life, so test binaries of different packages
 // (which `go test ./...` runs in parallel) take turns, and the fixed default
 // state directory lets a later run stop daemons a killed test binary left.

@@ -152,6 +152,9 @@ for NODE in ${NODE_LIST[@]+"${NODE_LIST[@]}"}; do
 				[[ -z $(find "$r" -path '*job_*' -type d 2>/dev/null) ]] && break
 				sleep 0.1
 			done
+			# NODES=2 made these node names' slurm_<node> roots (v1):
+			# remove them once empty (rmdir refuses otherwise).
+			[[ -f $STATE/net ]] && rmdir "$r" 2>/dev/null
 		done
 	fi
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
 	"slices"
@@ -231,6 +232,11 @@ func TestClusterTwoNodes(t *testing.T) {
 	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
 		t.Errorf("state dir %s after Down: %v, want it gone", c.Dir, err)
 	}
+	for _, n := range c.Nodes() {
+		if dirs, _ := filepath.Glob("/sys/fs/cgroup/*/slurm_" + n); len(dirs) > 0 {
+			t.Errorf("cgroups of node %s after Down: %q, want them removed", n, dirs)
+		}
+	}
 }
 
 // TestClusterTwoNodesDownBackstop: when slurmctld is gone (killed, so
@@ -293,5 +299,65 @@ func TestClusterTwoNodesDownBackstop(t *testing.T) {
 		if _, err := os.Lstat(p); !os.IsNotExist(err) {
 			t.Errorf("network namespace %s after Down: %v, want it gone", p, err)
 		}
+	}
+}
+
+// TestClusterTwoNodesTwoClusters: two two-node clusters of different
+// state dirs run at once (the second started by up.sh directly: Up holds
+// the host's lock) with disjoint namespace names, each job on its own
+// nodes, and stopping one leaves the other's namespaces and jobs alone.
+func TestClusterTwoNodesTwoClusters(t *testing.T) {
+	a := Up(t, Options{Nodes: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b := &Cluster{Dir: BaseDir + "/e2e-second", scripts: a.scripts}
+	b.Conf = filepath.Join(b.Dir, "etc", "slurm.conf")
+	bash, _ := lookClean("bash")
+	up := exec.CommandContext(ctx, bash, filepath.Join(a.scripts, "up.sh"), b.Dir)
+	up.Env = append(os.Environ(), "PATH="+cleanPath, "NODES=2", "NODE_NAMES=b1 b2", "TEST_USER="+TestUser)
+	t.Cleanup(func() {
+		if err := b.Down(); err != nil {
+			t.Error(err)
+		}
+	})
+	if out, err := up.CombinedOutput(); err != nil {
+		t.Fatalf("up.sh %s: %v\n%s", b.Dir, err, out)
+	}
+	if err := b.readEnv(); err != nil {
+		t.Fatal(err)
+	}
+	aNS := append([]string{a.CtlNetNS()}, a.NodeNetNSPaths()...)
+	bNS := append([]string{b.CtlNetNS()}, b.NodeNetNSPaths()...)
+	for _, p := range aNS {
+		if slices.Contains(bNS, p) {
+			t.Errorf("both clusters use network namespace %s", p)
+		}
+	}
+	for _, tc := range []struct {
+		c    *Cluster
+		want []string
+	}{{a, []string{"0: n1", "1: n2"}}, {b, []string{"0: b1", "1: b2"}}} {
+		stdout, stderr, code, err := tc.c.Srun(ctx, "", "-N2", "-n2", "-l", "printenv", "SLURMD_NODENAME")
+		got := strings.Split(strings.TrimSpace(stdout), "\n")
+		sort.Strings(got)
+		if err != nil || code != 0 || !slices.Equal(got, tc.want) {
+			t.Errorf("srun -N2 in %s: %q (exit %d, %v, %s), want %q", tc.c.Dir, got, code, err, stderr, tc.want)
+		}
+	}
+	if err := b.Down(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range bNS {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("network namespace %s after the second cluster's Down: %v", p, err)
+		}
+	}
+	for _, p := range aNS {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("network namespace %s of the first cluster after the second's Down: %v", p, err)
+		}
+	}
+	if _, stderr, code, err := a.Srun(ctx, "", "-N2", "true"); err != nil || code != 0 {
+		t.Errorf("srun -N2 in the first cluster after the second's Down: exit %d, %v: %s", code, err, stderr)
 	}
 }

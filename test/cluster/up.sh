@@ -52,7 +52,7 @@
 #                        AccountingStorageTRES=gres/gpu and
 #                        AccountingStorageEnforce=associations,limits,qos:
 #                        only root and users given an association with
-#                        may then submit jobs
+#                        sacctmgr may then submit jobs
 #
 # Two-node mode (NODES=2) creates network namespaces named smv-<tag>-fab,
 # -ctl, -<node> (<tag>: 6 hex digits of the state dir's md5, so two state
@@ -226,8 +226,10 @@ mkdir -m 0755 "$STATE/etc" "$STATE/munge" "$STATE/log" "$STATE/run" "$STATE/spoo
 for n in "${NODE_LIST[@]}"; do mkdir -m 0755 "$STATE/spool/$n"; done
 mkdir -m 0700 "$STATE/ctld"
 mkdir -m 1777 "$STATE/tmp"
-# TmpFS=.../tmp/%n with NODES=2: one per node (PMIx keeps its node's
-# rendezvous files there; two nodes sharing it collide).
+# TmpFS=.../tmp/%n with NODES=2: one per node (Slurm does not create it).
+# With one TmpFS for both, `srun -N2 --mpi=pmix` loses a node's tasks'
+# output and still exits 0 (measured): the PMIx servers of the two nodes
+# collide there.
 if (( NODES == 2 )); then for n in "${NODE_LIST[@]}"; do mkdir -m 1777 "$STATE/tmp/$n"; done; fi
 : >"$STATE/pids"
 
@@ -597,7 +599,7 @@ while :; do
 	for d in munged slurmctld $SLURMD_DAEMONS $DBD_DAEMONS; do
 		alive "$d" || die "$d exited; see $STATE/log/${d/@/-}.log and $STATE/log/$d.out"
 	done
-	(( SECONDS < deadline )) || die "nodes $PART_NODES not idle after ${TIMEOUT}s (state: ${st:-no answer})"
+	(( SECONDS < deadline )) || die "node${NODE_LIST[1]:+s} $PART_NODES not idle after ${TIMEOUT}s (state: ${st:-no answer})"
 	sleep 0.1
 done
 T2=$(date +%s%N)

@@ -95,16 +95,18 @@ func plant(t *testing.T, path, link, alias, table string) {
 }
 
 // TestLeftNet plants step-like network objects (per the predicate: names
-// starting smvt<pid>) in the test's own namespace and in a namespace of
-// the scope, one of them before the snapshot, and checks that Left names
-// exactly the new ones in each namespace, finds nothing once they are
-// gone, and ignores a scope namespace that no longer exists.
+// starting rsdt<pid>, which no step uses, so that a residue check of a
+// test running meanwhile is not disturbed) in the test's own namespace
+// and in a namespace of the scope, one of them before the snapshot, and
+// checks that Left names exactly the new ones in each namespace, finds
+// nothing once they are gone, and ignores a scope namespace that no
+// longer exists.
 func TestLeftNet(t *testing.T) {
 	prereq.Root(t, "network namespaces, interfaces and nftables tables")
-	tag := fmt.Sprintf("smvt%d", os.Getpid()%100000)
+	tag := fmt.Sprintf("rsdt%d", os.Getpid()%100000)
 	ns := newNamedNetNS(t, tag+"-res")
 	mine := func(name, alias string) bool {
-		return strings.HasPrefix(name, tag) || strings.HasPrefix(alias, "slurm-microvm test "+tag)
+		return strings.HasPrefix(name, tag) || strings.HasPrefix(alias, "residue-test "+tag)
 	}
 	plant(t, ns, tag+"old", "", tag+"old") // before the snapshot: not blamed
 	scope := Scope{TmpDirs: []string{t.TempDir()}, NetNS: []string{ns}, NetLeftover: mine}
@@ -113,11 +115,11 @@ func TestLeftNet(t *testing.T) {
 		t.Fatalf("left before anything new was planted: %v", left)
 	}
 
-	plant(t, ns, "vx0", "slurm-microvm test "+tag+" step", tag+"tbl")
+	plant(t, ns, "vx0", "residue-test "+tag+" step", tag+"tbl")
 	plant(t, "", tag+"h", "", "")
 	left := before.Left()
 	want := []string{
-		`interface vx0 (bridge, alias "slurm-microvm test ` + tag + ` step") in network namespace ` + ns,
+		`interface vx0 (bridge, alias "residue-test ` + tag + ` step") in network namespace ` + ns,
 		"nftables table inet " + tag + "tbl in network namespace " + ns,
 		"interface " + tag + `h (bridge, alias "") in network namespace the host's`,
 	}
