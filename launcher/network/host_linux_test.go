@@ -263,19 +263,31 @@ func TestGC(t *testing.T) {
 		{"node1", 200, 0, false}, {"node2", 100, 5, false}, {"node1", 1000, 0, false},
 	} {
 		p, a := setup(t, ns, hostReq(c.node, c.job, c.step, self(c.node)))
-		a.Close() // a crashed VMM: the tap is gone, the rest is left
+		if c.step != 1 {
+			a.Close() // a crashed VMM: the tap is gone, the rest is left
+		} // step 1: a VMM still holding its tap
 		if c.mine {
 			mine = append(mine, p)
 		} else {
 			others = append(others, p)
 		}
 	}
+	// A user-mode step of the job: its veth and table go too.
+	sysctl(t, "ipv4/ip_forward", "1")
+	ur := userReq(100)
+	ur.Step = 7
+	pu, _ := setup(t, ns, ur)
 	done, err := GC(context.Background(), "node1", 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(done) != 2*2+2*2 { // 2 steps: bridge, VXLAN, 2 tables
-		t.Errorf("GC removed %d objects, want 8: %q", len(done), done)
+	// step 0: bridge, VXLAN, 2 tables; step 1: the same and its tap;
+	// user: veth, inet table.
+	if len(done) != 4+5+2 {
+		t.Errorf("GC removed %d objects, want 11: %q", len(done), done)
+	}
+	if _, err := netlink.LinkByName(pu.Names.Veth); err == nil {
+		t.Errorf("GC left the user-mode veth %s", pu.Names.Veth)
 	}
 	for _, p := range mine {
 		for _, name := range []string{p.Names.Bridge, p.Names.VXLAN} {
@@ -289,7 +301,7 @@ func TestGC(t *testing.T) {
 	for _, tb := range tables {
 		names[tb.Name]++
 	}
-	for _, p := range mine {
+	for _, p := range append(mine, pu) {
 		if names[p.Names.Table] != 0 {
 			t.Errorf("GC left table %s", p.Names.Table)
 		}

@@ -156,3 +156,39 @@ func TestUserMode(t *testing.T) {
 		t.Errorf("table left: %s", out)
 	}
 }
+
+// TestUserSlots: steps on one node get distinct /30s of user_subnet
+// (probing past the hashed slot), and a full user_subnet is refused.
+func TestUserSlots(t *testing.T) {
+	lockNS(t)
+	node := newNS(t)
+	sysctl(t, "ipv4/ip_forward", "1")
+	small := netip.MustParsePrefix("100.64.0.0/29") // two /30s
+	seen := map[string]bool{}
+	for job := uint32(1); job <= 2; job++ {
+		r := userReq(job)
+		r.UserSubnet = small
+		p, _ := setup(t, node, r)
+		l, err := netlink.LinkByName(p.Names.Veth)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
+		if len(addrs) != 1 || !small.Contains(netip.MustParseAddr(addrs[0].IP.String())) {
+			t.Fatalf("job %d: addresses %v, want one in %v", job, addrs, small)
+		}
+		if seen[addrs[0].IP.String()] {
+			t.Fatalf("job %d got %v, already taken", job, addrs[0].IP)
+		}
+		seen[addrs[0].IP.String()] = true
+	}
+	r := userReq(3)
+	r.UserSubnet = small
+	p, _ := NewPlan(r)
+	if _, err := Setup(context.Background(), p, nil); err == nil || !strings.Contains(err.Error(), "user_subnet") {
+		t.Fatalf("third step in a /29: %v, want an error naming user_subnet", err)
+	}
+	if _, err := netlink.LinkByName(p.Names.Veth); err == nil {
+		t.Errorf("the refused step left its veth")
+	}
+}
