@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -133,6 +134,12 @@ func TestSetupTeardown(t *testing.T) {
 		if err == nil && strings.TrimSpace(string(b)) != "1" {
 			t.Errorf("IPv6 on on %s", dev)
 		}
+	}
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + n.Bridge + "/arp_ignore"); err != nil || strings.TrimSpace(string(b)) != "8" {
+		t.Errorf("bridge arp_ignore %q, %v: want 8 (answer no ARP)", b, err)
+	}
+	if out := inspect(t, ns, "ip", "neigh", "show", "dev", n.Bridge); !strings.Contains(out, "10.224.0.2 lladdr 02:4d:0a:e0:00:02 PERMANENT") {
+		t.Errorf("no permanent neighbour for the guest on the bridge:\n%s", out)
 	}
 	rules := inspect(t, ns, "nft", "list", "ruleset")
 	for _, want := range []string{
@@ -437,4 +444,66 @@ func ipv6Frame(dst, src [6]byte, payload string) []byte {
 	udp[6], udp[7] = 0xff, 0xff // IPv6 requires a checksum; any value reaches a bridge port
 	copy(udp[8:], payload)
 	return f
+}
+
+// TestServices: a listed service is reached from the guest through the
+// gateway, masqueraded to the node, and its reply comes back to the tap;
+// another port of the same host is not reached.
+func TestServices(t *testing.T) {
+	lockNS(t)
+	node := newNS(t)
+	svc := newNS(t)
+	enter(t, node)
+	underlay(t, "under0", "192.0.2.1")
+	joinNS(t, node, svc, "svc0", "198.51.100.1/24", "svc0", "198.51.100.7/24")
+	enter(t, svc)
+	listed := listenUDP(t, "198.51.100.7", 53)
+	other := listenUDP(t, "198.51.100.7", 54)
+	enter(t, node)
+	sysctl(t, "ipv4/ip_forward", "1")
+	r := hostReq("node1", 55, 0, n1, n2)
+	r.Services = []Service{{Prefix: netip.MustParsePrefix("198.51.100.7/32"), Proto: "udp", Port: 53}}
+	p, at := setup(t, node, r)
+	tap := at.Network.Tap
+	gwMAC := MACOf(p.Guest.Gateway)
+	g := p.Guest.Addr.Addr()
+	svcAddr := netip.MustParseAddr("198.51.100.7")
+	send(t, tap, udpFrame(gwMAC, p.Guest.MAC, g, svcAddr, 54, "to-unlisted-port"))
+	send(t, tap, udpFrame(gwMAC, p.Guest.MAC, g, svcAddr, 53, "to-service"))
+	buf := make([]byte, 100)
+	listed.SetReadDeadline(time.Now().Add(3 * time.Second))
+	n, from, err := listed.ReadFromUDP(buf)
+	if err != nil || string(buf[:n]) != "to-service" {
+		t.Fatalf("the service got %q, %v", buf[:n], err)
+	}
+	if from.IP.String() != "198.51.100.1" {
+		t.Errorf("the service saw source %v: want the node's 198.51.100.1 (masquerade)", from)
+	}
+	if _, err := listed.WriteToUDP([]byte("service-reply"), from); err != nil {
+		t.Fatal(err)
+	}
+	if !awaitFrame(t, tap, "service-reply", 3*time.Second) {
+		t.Error("the service's reply did not reach the guest's tap")
+	}
+	if received(t, other, "to-unlisted-port", 300*time.Millisecond) {
+		t.Error("the guest reached a port of the service host that is not listed")
+	}
+	// Nothing but replies toward the guest: the service host cannot open
+	// a flow to it.
+	enter(t, svc)
+	_, guests, _ := net.ParseCIDR("10.224.0.0/16")
+	if err := netlink.RouteAdd(&netlink.Route{Dst: guests, Gw: net.ParseIP("198.51.100.1")}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IP(g.AsSlice()), Port: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("unsolicited")); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if awaitFrame(t, tap, "unsolicited", 500*time.Millisecond) {
+		t.Error("a flow opened from outside reached the guest")
+	}
 }
