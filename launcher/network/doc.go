@@ -71,6 +71,10 @@
 // tap, each peer's MAC on the VXLAN device, with the peer's NodeAddr as
 // VXLAN destination), or nowhere.
 //
+// The bridge answers no ARP (arp_ignore=8 on the device) and, with
+// services, holds the guest as a permanent neighbour, so no ARP is
+// needed in either direction.
+//
 // Inet table: input from the bridge drops (the node's own addresses and
 // services: slurmd, munge, sshd). Forward from the bridge to elsewhere
 // passes only toward the services (prefix, tcp/udp, port; 0 = any) and
@@ -144,6 +148,9 @@
 //     unshare on a thread that is never reused (the runtime ends it), held
 //     by an fd (Attachment.Network.NetNS) until the VMM is in it; it and
 //     its veth vanish with the VMM.
+//   - The tap is IFF_TAP|IFF_NO_PI without IFF_VNET_HDR: the VMM opens
+//     it as given (QEMU: -netdev tap,fd=N,vnet_hdr=off) and gives the
+//     guest NIC the plan's MAC (Guest.MAC).
 //   - The guest needs no DHCP: address, routes, neighbours, hosts and
 //     DNS come from the plan (driver.GuestNetwork) and the agent applies
 //     them before any task starts.

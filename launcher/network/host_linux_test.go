@@ -189,9 +189,9 @@ func TestSetupTeardown(t *testing.T) {
 	}
 }
 
-// TestSetupUndo: a Setup that fails midway (the underlay MTU leaves too
-// little) leaves nothing; one whose guest MTU exceeds the underlay's is
-// refused naming the setting.
+// TestSetupUndo: refused Setups (a guest MTU above the underlay's, an
+// underlay address not on the node, a name already taken) leave nothing
+// and touch nothing they did not make.
 func TestSetupUndo(t *testing.T) {
 	lockNS(t)
 	newNS(t)
@@ -213,17 +213,23 @@ func TestSetupUndo(t *testing.T) {
 		t.Errorf("absent underlay: %v", err)
 	}
 	noneLeft(t)
-	// A failure after the links exist (nftables refuses a table name
-	// taken in another family would be contrived): make the tap name
-	// busy with a plain interface so openTap fails after bridge and VXLAN.
+	// An interface with one of the step's names (left by a crash) is
+	// refused before anything is made, and left alone. (A failure after
+	// the bridge exists, with its undo, is TestVNICollision's.)
 	r = hostReq("node1", 7, 0, n1, n2)
 	p, _ = NewPlan(r)
 	d := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: p.Names.Tap}}
 	if err := netlink.LinkAdd(d); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Setup(context.Background(), p, nil); err == nil {
-		t.Fatal("Setup with its tap name taken succeeded")
+	if _, err := Setup(context.Background(), p, nil); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("Setup with its tap name taken: %v", err)
+	}
+	if _, err := netlink.LinkByName(p.Names.Tap); err != nil {
+		t.Errorf("the refused Setup removed an interface it had not made: %v", err)
+	}
+	if _, err := netlink.LinkByName(p.Names.Bridge); err == nil {
+		t.Errorf("the refused Setup made its bridge")
 	}
 	netlink.LinkDel(d)
 	noneLeft(t)
