@@ -368,6 +368,14 @@ func TestTwoNodes(t *testing.T) {
 	send(t, tapA, v6)
 	vlan := append(append(append([]byte{}, frame(pa.Guest.MAC, ga, "")[:12]...), 0x81, 0x00, 0, 5), frame(pa.Guest.MAC, ga, "vlan-frame")[12:]...)
 	send(t, tapA, vlan)
+	// ARP (unicast, as a reply): the guest's own passes, one claiming
+	// another address or MAC does not.
+	send(t, tapA, arpFrame(pb.Guest.MAC, pa.Guest.MAC, pa.Guest.MAC, netip.MustParseAddr("10.224.0.9"), "arp-spoofed-ip"))
+	send(t, tapA, arpFrame(pb.Guest.MAC, pa.Guest.MAC, spoofMAC, ga, "arp-spoofed-mac"))
+	send(t, tapA, arpFrame(pb.Guest.MAC, pa.Guest.MAC, pa.Guest.MAC, ga, "arp-good"))
+	if !awaitFrame(t, tapB, "arp-good", 3*time.Second, "arp-spoofed-ip", "arp-spoofed-mac") {
+		t.Fatal("the guest's own ARP reply did not arrive")
+	}
 	send(t, tapA, frame(pa.Guest.MAC, ga, "after-spoof"))
 	if !awaitFrame(t, tapB, "after-spoof", 3*time.Second, "spoofed-mac", "spoofed-ip", "ipv6-frame", "vlan-frame") {
 		t.Fatal("the good frame after the spoofed ones did not arrive")
@@ -512,4 +520,21 @@ func TestServices(t *testing.T) {
 	if awaitFrame(t, tap, "unsolicited", 500*time.Millisecond) {
 		t.Error("a flow opened from outside reached the guest")
 	}
+}
+
+// arpFrame is an Ethernet/IPv4 ARP reply from sender MAC/IP, with tag
+// as padding after the ARP body so awaitFrame can tell frames apart.
+func arpFrame(dst, src, sha [6]byte, spa netip.Addr, tag string) []byte {
+	f := make([]byte, 14+28, 14+28+len(tag))
+	copy(f[0:6], dst[:])
+	copy(f[6:12], src[:])
+	f[12], f[13] = 0x08, 0x06
+	arp := f[14:]
+	copy(arp[0:8], []byte{0, 1, 8, 0, 6, 4, 0, 2})
+	copy(arp[8:14], sha[:])
+	a := spa.As4()
+	copy(arp[14:18], a[:])
+	copy(arp[18:24], dst[:])
+	copy(arp[24:28], []byte{10, 224, 0, 3})
+	return append(f, tag...)
 }
