@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -347,7 +348,31 @@ func setupStep(ctx context.Context, p *Plan) (*Attachment, error) {
 			return a, fmt.Errorf("network: setting %s up: %w", l.Attrs().Name, err)
 		}
 	}
-	return a, nil
+	return a, waitOperUp(ctx, n.Bridge, 5*time.Second)
+}
+
+// waitOperUp waits until the kernel's link watcher has seen the carrier
+// of dev (operstate up): until then the bridge's transmit queue is the
+// no-op one and frames the host sends to the guest are dropped.
+func waitOperUp(ctx context.Context, dev string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return fmt.Errorf("network: %s: %w", dev, err)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("network: %s is not operationally up after %v (operstate %s)", dev, limit, l.Attrs().OperState)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // prepare gives a new interface of the step its alias and MTU and turns

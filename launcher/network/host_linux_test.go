@@ -498,6 +498,7 @@ func TestServices(t *testing.T) {
 	}
 	if !awaitFrame(t, tap, "service-reply", 3*time.Second) {
 		t.Error("the service's reply did not reach the guest's tap")
+		t.Logf("node at the failure:\n%s\n%s\n%s", inspect(t, node, "nft", "list", "ruleset"), inspect(t, node, "ip", "-s", "-d", "link"), inspect(t, node, "ip", "neigh"))
 	}
 	if received(t, other, "to-unlisted-port", 300*time.Millisecond) {
 		t.Error("the guest reached a port of the service host that is not listed")

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -153,7 +154,7 @@ func setupUser(ctx context.Context, p *Plan) (*Attachment, error) {
 	if err := c.Flush(); err != nil {
 		return a, fmt.Errorf("network: adding nftables table inet %s: %w", n.Table, err)
 	}
-	return a, nil
+	return a, waitOperUp(ctx, n.Veth, 5*time.Second)
 }
 
 // claimSlot puts .1 of a free /30 on the veth l. Two steps set up at once
