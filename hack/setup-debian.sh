@@ -36,6 +36,7 @@ PACKAGES=(
 	xz-utils zstd gzip                # compressed kernel modules (test/fixture/nvstandin)
 	git ca-certificates curl unzip    # sources, Go toolchain download
 	iproute2 procps util-linux passwd hostname # ss and ip netns, ps, setsid/setpriv/nsenter, useradd: test cluster scripts
+	nftables                          # nft: the step network tests read the fence back (launcher/network)
 	slurmdbd mariadb-server           # test cluster's accounting mode (ACCOUNTING=1): GPU quotas
 )
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -166,6 +167,14 @@ func disableIPv6(dev string) error {
 	return nil
 }
 
+// writeSys writes a per-device sysctl under /proc/sys/net.
+func writeSys(path, val string) error {
+	if err := os.WriteFile(filepath.Join(procSys, path), []byte(val), 0o644); err != nil {
+		return fmt.Errorf("network: setting net.%s=%s: %w", strings.ReplaceAll(path, "/", "."), val, err)
+	}
+	return nil
+}
+
 // fenceBridgePort turns learning and every kind of flooding off on a
 // bridge port: frames go only where a static entry sends them.
 func fenceBridgePort(l netlink.Link) error {
@@ -304,10 +313,21 @@ func setupStep(ctx context.Context, p *Plan) (*Attachment, error) {
 			return a, fmt.Errorf("%w (peer %s)", err, pr.Node)
 		}
 	}
+	// The host answers no ARP on the bridge (the guest has the gateway
+	// as a permanent neighbour); a per-device sysctl, not a host-wide one.
+	if err := writeSys(filepath.Join("ipv4/conf", n.Bridge, "arp_ignore"), "8"); err != nil {
+		return a, err
+	}
 	if len(p.Services) > 0 {
 		addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(gw.AsSlice()), Mask: net.CIDRMask(p.Guest.Addr.Bits(), 32)}}
 		if err := netlink.AddrAdd(br, addr); err != nil {
 			return a, fmt.Errorf("network: adding gateway %v to bridge %s: %w", gw, n.Bridge, err)
+		}
+		// Replies from the services reach the guest without ARP.
+		ne := &netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+			IP: net.IP(p.Guest.Addr.Addr().AsSlice()), HardwareAddr: hw(p.Guest.MAC)}
+		if err := netlink.NeighSet(ne); err != nil {
+			return a, fmt.Errorf("network: neighbour %v on bridge %s: %w", p.Guest.Addr.Addr(), n.Bridge, err)
 		}
 	}
 
@@ -328,7 +348,31 @@ func setupStep(ctx context.Context, p *Plan) (*Attachment, error) {
 			return a, fmt.Errorf("network: setting %s up: %w", l.Attrs().Name, err)
 		}
 	}
-	return a, nil
+	return a, waitOperUp(ctx, n.Bridge, 5*time.Second)
+}
+
+// waitOperUp waits until the kernel's link watcher has seen the carrier
+// of dev (operstate up): until then the bridge's transmit queue is the
+// no-op one and frames the host sends to the guest are dropped.
+func waitOperUp(ctx context.Context, dev string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return fmt.Errorf("network: %s: %w", dev, err)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("network: %s is not operationally up after %v (operstate %s)", dev, limit, l.Attrs().OperState)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // prepare gives a new interface of the step its alias and MTU and turns

@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -134,6 +135,12 @@ func TestSetupTeardown(t *testing.T) {
 			t.Errorf("IPv6 on on %s", dev)
 		}
 	}
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + n.Bridge + "/arp_ignore"); err != nil || strings.TrimSpace(string(b)) != "8" {
+		t.Errorf("bridge arp_ignore %q, %v: want 8 (answer no ARP)", b, err)
+	}
+	if out := inspect(t, ns, "ip", "neigh", "show", "dev", n.Bridge); !strings.Contains(out, "10.224.0.2 lladdr 02:4d:0a:e0:00:02 PERMANENT") {
+		t.Errorf("no permanent neighbour for the guest on the bridge:\n%s", out)
+	}
 	rules := inspect(t, ns, "nft", "list", "ruleset")
 	for _, want := range []string{
 		"table bridge " + n.Table,
@@ -182,9 +189,9 @@ func TestSetupTeardown(t *testing.T) {
 	}
 }
 
-// TestSetupUndo: a Setup that fails midway (the underlay MTU leaves too
-// little) leaves nothing; one whose guest MTU exceeds the underlay's is
-// refused naming the setting.
+// TestSetupUndo: refused Setups (a guest MTU above the underlay's, an
+// underlay address not on the node, a name already taken) leave nothing
+// and touch nothing they did not make.
 func TestSetupUndo(t *testing.T) {
 	lockNS(t)
 	newNS(t)
@@ -206,17 +213,23 @@ func TestSetupUndo(t *testing.T) {
 		t.Errorf("absent underlay: %v", err)
 	}
 	noneLeft(t)
-	// A failure after the links exist (nftables refuses a table name
-	// taken in another family would be contrived): make the tap name
-	// busy with a plain interface so openTap fails after bridge and VXLAN.
+	// An interface with one of the step's names (left by a crash) is
+	// refused before anything is made, and left alone. (A failure after
+	// the bridge exists, with its undo, is TestVNICollision's.)
 	r = hostReq("node1", 7, 0, n1, n2)
 	p, _ = NewPlan(r)
 	d := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: p.Names.Tap}}
 	if err := netlink.LinkAdd(d); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Setup(context.Background(), p, nil); err == nil {
-		t.Fatal("Setup with its tap name taken succeeded")
+	if _, err := Setup(context.Background(), p, nil); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("Setup with its tap name taken: %v", err)
+	}
+	if _, err := netlink.LinkByName(p.Names.Tap); err != nil {
+		t.Errorf("the refused Setup removed an interface it had not made: %v", err)
+	}
+	if _, err := netlink.LinkByName(p.Names.Bridge); err == nil {
+		t.Errorf("the refused Setup made its bridge")
 	}
 	netlink.LinkDel(d)
 	noneLeft(t)
@@ -263,19 +276,31 @@ func TestGC(t *testing.T) {
 		{"node1", 200, 0, false}, {"node2", 100, 5, false}, {"node1", 1000, 0, false},
 	} {
 		p, a := setup(t, ns, hostReq(c.node, c.job, c.step, self(c.node)))
-		a.Close() // a crashed VMM: the tap is gone, the rest is left
+		if c.step != 1 {
+			a.Close() // a crashed VMM: the tap is gone, the rest is left
+		} // step 1: a VMM still holding its tap
 		if c.mine {
 			mine = append(mine, p)
 		} else {
 			others = append(others, p)
 		}
 	}
+	// A user-mode step of the job: its veth and table go too.
+	sysctl(t, "ipv4/ip_forward", "1")
+	ur := userReq(100)
+	ur.Step = 7
+	pu, _ := setup(t, ns, ur)
 	done, err := GC(context.Background(), "node1", 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(done) != 2*2+2*2 { // 2 steps: bridge, VXLAN, 2 tables
-		t.Errorf("GC removed %d objects, want 8: %q", len(done), done)
+	// step 0: bridge, VXLAN, 2 tables; step 1: the same and its tap;
+	// user: veth, inet table.
+	if len(done) != 4+5+2 {
+		t.Errorf("GC removed %d objects, want 11: %q", len(done), done)
+	}
+	if _, err := netlink.LinkByName(pu.Names.Veth); err == nil {
+		t.Errorf("GC left the user-mode veth %s", pu.Names.Veth)
 	}
 	for _, p := range mine {
 		for _, name := range []string{p.Names.Bridge, p.Names.VXLAN} {
@@ -289,7 +314,7 @@ func TestGC(t *testing.T) {
 	for _, tb := range tables {
 		names[tb.Name]++
 	}
-	for _, p := range mine {
+	for _, p := range append(mine, pu) {
 		if names[p.Names.Table] != 0 {
 			t.Errorf("GC left table %s", p.Names.Table)
 		}
@@ -343,6 +368,14 @@ func TestTwoNodes(t *testing.T) {
 	send(t, tapA, v6)
 	vlan := append(append(append([]byte{}, frame(pa.Guest.MAC, ga, "")[:12]...), 0x81, 0x00, 0, 5), frame(pa.Guest.MAC, ga, "vlan-frame")[12:]...)
 	send(t, tapA, vlan)
+	// ARP (unicast, as a reply): the guest's own passes, one claiming
+	// another address or MAC does not.
+	send(t, tapA, arpFrame(pb.Guest.MAC, pa.Guest.MAC, pa.Guest.MAC, netip.MustParseAddr("10.224.0.9"), "arp-spoofed-ip"))
+	send(t, tapA, arpFrame(pb.Guest.MAC, pa.Guest.MAC, spoofMAC, ga, "arp-spoofed-mac"))
+	send(t, tapA, arpFrame(pb.Guest.MAC, pa.Guest.MAC, pa.Guest.MAC, ga, "arp-good"))
+	if !awaitFrame(t, tapB, "arp-good", 3*time.Second, "arp-spoofed-ip", "arp-spoofed-mac") {
+		t.Fatal("the guest's own ARP reply did not arrive")
+	}
 	send(t, tapA, frame(pa.Guest.MAC, ga, "after-spoof"))
 	if !awaitFrame(t, tapB, "after-spoof", 3*time.Second, "spoofed-mac", "spoofed-ip", "ipv6-frame", "vlan-frame") {
 		t.Fatal("the good frame after the spoofed ones did not arrive")
@@ -425,4 +458,84 @@ func ipv6Frame(dst, src [6]byte, payload string) []byte {
 	udp[6], udp[7] = 0xff, 0xff // IPv6 requires a checksum; any value reaches a bridge port
 	copy(udp[8:], payload)
 	return f
+}
+
+// TestServices: a listed service is reached from the guest through the
+// gateway, masqueraded to the node, and its reply comes back to the tap;
+// another port of the same host is not reached.
+func TestServices(t *testing.T) {
+	lockNS(t)
+	node := newNS(t)
+	svc := newNS(t)
+	enter(t, node)
+	underlay(t, "under0", "192.0.2.1")
+	joinNS(t, node, svc, "svc0", "198.51.100.1/24", "svc0", "198.51.100.7/24")
+	enter(t, svc)
+	listed := listenUDP(t, "198.51.100.7", 53)
+	other := listenUDP(t, "198.51.100.7", 54)
+	enter(t, node)
+	sysctl(t, "ipv4/ip_forward", "1")
+	r := hostReq("node1", 55, 0, n1, n2)
+	r.Services = []Service{{Prefix: netip.MustParsePrefix("198.51.100.7/32"), Proto: "udp", Port: 53}}
+	p, at := setup(t, node, r)
+	tap := at.Network.Tap
+	gwMAC := MACOf(p.Guest.Gateway)
+	g := p.Guest.Addr.Addr()
+	svcAddr := netip.MustParseAddr("198.51.100.7")
+	send(t, tap, udpFrame(gwMAC, p.Guest.MAC, g, svcAddr, 54, "to-unlisted-port"))
+	send(t, tap, udpFrame(gwMAC, p.Guest.MAC, g, svcAddr, 53, "to-service"))
+	buf := make([]byte, 100)
+	listed.SetReadDeadline(time.Now().Add(3 * time.Second))
+	n, from, err := listed.ReadFromUDP(buf)
+	if err != nil || string(buf[:n]) != "to-service" {
+		t.Fatalf("the service got %q, %v", buf[:n], err)
+	}
+	if from.IP.String() != "198.51.100.1" {
+		t.Errorf("the service saw source %v: want the node's 198.51.100.1 (masquerade)", from)
+	}
+	if _, err := listed.WriteToUDP([]byte("service-reply"), from); err != nil {
+		t.Fatal(err)
+	}
+	if !awaitFrame(t, tap, "service-reply", 3*time.Second) {
+		t.Error("the service's reply did not reach the guest's tap")
+		t.Logf("node at the failure:\n%s\n%s\n%s", inspect(t, node, "nft", "list", "ruleset"), inspect(t, node, "ip", "-s", "-d", "link"), inspect(t, node, "ip", "neigh"))
+	}
+	if received(t, other, "to-unlisted-port", 300*time.Millisecond) {
+		t.Error("the guest reached a port of the service host that is not listed")
+	}
+	// Nothing but replies toward the guest: the service host cannot open
+	// a flow to it.
+	enter(t, svc)
+	_, guests, _ := net.ParseCIDR("10.224.0.0/16")
+	if err := netlink.RouteAdd(&netlink.Route{Dst: guests, Gw: net.ParseIP("198.51.100.1")}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IP(g.AsSlice()), Port: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("unsolicited")); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if awaitFrame(t, tap, "unsolicited", 500*time.Millisecond) {
+		t.Error("a flow opened from outside reached the guest")
+	}
+}
+
+// arpFrame is an Ethernet/IPv4 ARP reply from sender MAC/IP, with tag
+// as padding after the ARP body so awaitFrame can tell frames apart.
+func arpFrame(dst, src, sha [6]byte, spa netip.Addr, tag string) []byte {
+	f := make([]byte, 14+28, 14+28+len(tag))
+	copy(f[0:6], dst[:])
+	copy(f[6:12], src[:])
+	f[12], f[13] = 0x08, 0x06
+	arp := f[14:]
+	copy(arp[0:8], []byte{0, 1, 8, 0, 6, 4, 0, 2})
+	copy(arp[8:14], sha[:])
+	a := spa.As4()
+	copy(arp[14:18], a[:])
+	copy(arp[18:24], dst[:])
+	copy(arp[24:28], []byte{10, 224, 0, 3})
+	return append(f, tag...)
 }

@@ -1,12 +1,8 @@
-// Package network is the step network of slurm-microvm: one virtual L2
-// segment per step across the step's nodes, joined by the step's microVMs
-// and nothing else, fenced on every node's host.
-//
-// CONTRACT (lead): the types and signatures below are shared by the
-// lifecycle (package launcher), the agent (guest side, through
+// CONTRACT (lead): the types and signatures of this file are shared by
+// the lifecycle (package launcher), the agent (guest side, through
 // driver.GuestNetwork), the QEMU driver and the test residue checks. The
-// helper that owns this package fills in the bodies and the doc.go
-// (address scheme, names, fencing, design decisions).
+// package documentation is in doc.go.
+
 package network
 
 import (

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -90,12 +91,6 @@ func setupUser(ctx context.Context, p *Plan) (*Attachment, error) {
 		return a, err
 	}
 	a.Network.NetNS = ns
-	slot, err := userSlot(p)
-	if err != nil {
-		return a, err
-	}
-	hostIP, _ := addrAt(slot, 1)
-	nsIP, _ := addrAt(slot, 2)
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: n.Veth},
 		PeerName:      "eth0",
@@ -111,9 +106,12 @@ func setupUser(ctx context.Context, p *Plan) (*Attachment, error) {
 	if err := prepare(hl, n.Alias, 1500); err != nil {
 		return a, err
 	}
-	if err := netlink.AddrAdd(hl, &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(hostIP.AsSlice()), Mask: net.CIDRMask(30, 32)}}); err != nil {
-		return a, fmt.Errorf("network: address %v/30 on %s: %w", hostIP, n.Veth, err)
+	slot, err := claimSlot(p, hl)
+	if err != nil {
+		return a, err
 	}
+	hostIP, _ := addrAt(slot, 1)
+	nsIP, _ := addrAt(slot, 2)
 	if err := netlink.LinkSetUp(hl); err != nil {
 		return a, fmt.Errorf("network: setting %s up: %w", n.Veth, err)
 	}
@@ -156,5 +154,40 @@ func setupUser(ctx context.Context, p *Plan) (*Attachment, error) {
 	if err := c.Flush(); err != nil {
 		return a, fmt.Errorf("network: adding nftables table inet %s: %w", n.Table, err)
 	}
-	return a, nil
+	return a, waitOperUp(ctx, n.Veth, 5*time.Second)
+}
+
+// claimSlot puts .1 of a free /30 on the veth l. Two steps set up at once
+// may pick the same slot: after adding its address each looks again,
+// and the one whose interface has the higher index moves on.
+func claimSlot(p *Plan, l netlink.Link) (netip.Prefix, error) {
+	for try := 0; try < 16; try++ {
+		slot, err := userSlot(p)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		hostIP, _ := addrAt(slot, 1)
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(hostIP.AsSlice()), Mask: net.CIDRMask(30, 32)}}
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return netip.Prefix{}, fmt.Errorf("network: address %v/30 on %s: %w", hostIP, l.Attrs().Name, err)
+		}
+		addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("network: listing addresses: %w", err)
+		}
+		lost := false
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if ok && slot.Contains(ip.Unmap()) && a.LinkIndex != l.Attrs().Index && a.LinkIndex < l.Attrs().Index {
+				lost = true
+			}
+		}
+		if !lost {
+			return slot, nil
+		}
+		if err := netlink.AddrDel(l, addr); err != nil {
+			return netip.Prefix{}, fmt.Errorf("network: moving off %v/30 on %s (taken at the same time): %w", hostIP, l.Attrs().Name, err)
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("network: no free /30 of [network] user_subnet %v after 16 tries: give a larger user_subnet", p.UserSubnet)
 }
