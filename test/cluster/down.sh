@@ -188,5 +188,10 @@ if [[ -f $STATE/net ]]; then
 fi
 
 # 6. The state dir.
+# Two-node mode's TmpFS root under /tmp (up.sh records it).
+if [[ -f $STATE/tmproot ]]; then
+	t=$(cat "$STATE/tmproot")
+	[[ $t == /tmp/smv-test-* && -d $t && ! -L $t ]] && rm -rf -- "$t"
+fi
 rm -rf -- "$STATE"
 log "cluster in $STATE is down"

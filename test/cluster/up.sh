@@ -226,11 +226,25 @@ mkdir -m 0755 "$STATE/etc" "$STATE/munge" "$STATE/log" "$STATE/run" "$STATE/spoo
 for n in "${NODE_LIST[@]}"; do mkdir -m 0755 "$STATE/spool/$n"; done
 mkdir -m 0700 "$STATE/ctld"
 mkdir -m 1777 "$STATE/tmp"
-# TmpFS=.../tmp/%n with NODES=2: one per node (Slurm does not create it).
-# With one TmpFS for both, `srun -N2 --mpi=pmix` loses a node's tasks'
-# output and still exits 0 (measured): the PMIx servers of the two nodes
-# collide there.
-if (( NODES == 2 )); then for n in "${NODE_LIST[@]}"; do mkdir -m 1777 "$STATE/tmp/$n"; done; fi
+# TmpFS=/tmp/smv-test-<tag>/%n with NODES=2: one per node (Slurm does not
+# create it). With one TmpFS for both, `srun -N2 --mpi=pmix` loses a node's
+# tasks' output and still exits 0 (measured): the PMIx servers of the two
+# nodes collide there. Under /tmp, as Slurm's default TmpFS is: Open MPI
+# ranks of a non-root job create Slurm's PMIx app directory below TmpFS
+# inside the guest, which works only under a directory everyone may write
+# there (README, MPI known limit). Recorded in tmproot; down.sh removes it.
+TMPFS_ROOT=""
+if (( NODES == 2 )); then
+	TMPFS_ROOT=/tmp/smv-test-$NET_TAG
+	if [[ -e $TMPFS_ROOT || -L $TMPFS_ROOT ]]; then
+		[[ -d $TMPFS_ROOT && ! -L $TMPFS_ROOT && $(stat -c %u "$TMPFS_ROOT") == 0 ]] ||
+			die "$TMPFS_ROOT exists and is not root's directory: remove it"
+		rm -rf -- "$TMPFS_ROOT"
+	fi
+	echo "$TMPFS_ROOT" >"$STATE/tmproot"
+	mkdir -m 0755 "$TMPFS_ROOT"
+	for n in "${NODE_LIST[@]}"; do mkdir -m 1777 "$TMPFS_ROOT/$n"; done
+fi
 : >"$STATE/pids"
 
 cleanup_on_error() {
@@ -387,7 +401,7 @@ PART_NODES=$NODE
 if (( NODES == 2 )); then
 	CTLD_ADDR=$CTL_ADDR
 	SLURMD_LOG=$STATE/log/slurmd-%n.log
-	TMPFS=$STATE/tmp/%n
+	TMPFS=$TMPFS_ROOT/%n
 	NODE_LINES=""
 	for n in "${NODE_LIST[@]}"; do
 		NODE_LINES+="NodeName=$n NodeAddr=${NODE_ADDR[$n]} NodeHostname=$HOST $HW$NODE_GRES State=UNKNOWN"$'\n'
