@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/bits"
 	"strings"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/pci"
 )
 
 // Memory is the guest RAM that QEMUArgs backs.
@@ -73,7 +75,7 @@ func (p *Plan) QEMUArgs(m Memory) ([]string, error) {
 		}
 		args = append(args, "-device", rp)
 		for fn, f := range g.Functions {
-			if !bdfRE.MatchString(f.BDF) {
+			if !pci.ValidBDF(f.BDF) {
 				return nil, fmt.Errorf("gpu: GPU %d: %q is not a PCI address", g.Index, f.BDF)
 			}
 			id := fmt.Sprintf("gpu%d", i)
