@@ -18,7 +18,10 @@ type Report struct {
 	Config Config `json:"config"`
 	// ConfigError says why the configuration cannot be used.
 	ConfigError string `json:"config_error,omitempty"`
-	ClaimDir    string `json:"claim_dir"`
+	// NoPFs says why no PF is listed: network.sriov.pfs is empty (the
+	// node passes no VFs; not an error).
+	NoPFs    string `json:"no_pfs,omitempty"`
+	ClaimDir string `json:"claim_dir"`
 	// ClaimError says why the claims could not be read ("" when they could).
 	ClaimError string     `json:"claim_error,omitempty"`
 	Host       []Check    `json:"host"`
@@ -63,7 +66,7 @@ const (
 	StateUnusable = "unusable"
 )
 
-// Err is nil when every configured PF can be read and the node has PFs;
+// Err is nil when every configured PF can be read (or none is configured);
 // `slurm-microvm nics` exits 1 on it. VFs that are claimed or unusable
 // are reported, not errors (a node can run with some VFs in use).
 func (r *Report) Err() error {
@@ -100,7 +103,7 @@ func Inspect(req InspectRequest) *Report {
 	}
 	rep.Config = cfg
 	if !cfg.Enabled() {
-		rep.ConfigError = "network.sriov.pfs lists no physical function: this node passes no VFs"
+		rep.NoPFs = "network.sriov.pfs lists no physical function: this node passes no VFs"
 		return rep
 	}
 	claims := map[string]Claim{}

@@ -419,3 +419,32 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestHostRulesPerVF: a VF without IOMMU group (IOMMU off), one on
+// vfio-pci whose /dev/vfio/<group> is missing, and one whose group a
+// foreign VM holds are each passed over with their rule; with all VFs so,
+// the step is refused naming each.
+func TestHostRulesPerVF(t *testing.T) {
+	h, vfs := fourVFs(t, pci.VFIODriver)
+	os.Remove(h.path("sys/bus/pci/devices/" + vfs[0] + "/iommu_group"))
+	os.Remove(h.path("dev/vfio/42"))
+	h.holder(777, "qemu-system-x86", "/dev/vfio/43")
+	p, err := sriov.NewPlan(context.Background(), request(h, "n1/42.0.0", "ib0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.VF.BDF != vfs[3] {
+		t.Errorf("got %s, want %s", p.VF.BDF, vfs[3])
+	}
+	_, err = sriov.NewPlan(context.Background(), request(h, "n1/43.0.0", "ib0"))
+	for _, rule := range []error{sriov.ErrNoFreeVF, sriov.ErrNoIOMMU, sriov.ErrVFIO, sriov.ErrBusy, sriov.ErrClaimed} {
+		if !errors.Is(err, rule) {
+			t.Errorf("second step: %v; want it to wrap %v", err, rule)
+		}
+	}
+	for _, want := range []string{"(no-iommu)", "VFIO group device /dev/vfio/42 does not exist", "/dev/vfio/43 is held open by qemu-system-x86 (pid 777)"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not say %q", err, want)
+		}
+	}
+}

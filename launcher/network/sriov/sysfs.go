@@ -260,6 +260,9 @@ func checkVF(r Roots, pfName string, vf VF, allowRebind bool, held map[string][]
 		return false, fail(ErrBusy, "VFIO group %s is held open by %s (a VM not started by this node's slurm-microvm?)", vf.VFIOGroupFile, pci.HolderList(hs))
 	}
 	if vf.Driver == pci.VFIODriver {
+		if err := statOK(r.DevPath(vf.VFIOGroupFile)); err != nil {
+			return false, fail(ErrVFIO, "VFIO group device %s does not exist although the VF is on %s", vf.VFIOGroupFile, pci.VFIODriver)
+		}
 		return false, nil
 	}
 	if !allowRebind {
@@ -269,6 +272,9 @@ func checkVF(r Roots, pfName string, vf VF, allowRebind bool, held map[string][]
 		}
 		return false, fail(ErrWrongDriver, "%s is %s, not %s: bind the node's VFs to %s at boot (driverctl set-override %s %s) or let slurm-microvm rebind them (network.sriov.allow_rebind = true)",
 			vf.BDF, drv, pci.VFIODriver, pci.VFIODriver, vf.BDF, pci.VFIODriver)
+	}
+	if err := statOK(r.SysPath("bus", "pci", "drivers", pci.VFIODriver)); err != nil {
+		return false, fail(ErrVFIO, "the %s driver is not loaded (no %s): modprobe vfio-pci", pci.VFIODriver, r.SysPath("bus", "pci", "drivers", pci.VFIODriver))
 	}
 	if up := upNetdevs(r, vf); len(up) > 0 {
 		return false, fail(ErrBusy, "its interface %s is up on the host: something uses it; bring it down or keep it out of the VF pool", strings.Join(up, ", "))
