@@ -241,6 +241,11 @@ type Guest struct {
 	Vendor uint16 `json:"vendor"`
 	Device uint16 `json:"device"`
 	Driver string `json:"driver"`
+	// Modules are the guest kernel modules to pack into the initramfs
+	// (assets.Options.Modules, beside assets.DefaultModules), dependencies
+	// left to the module index: the driver, and for RDMA its verbs
+	// provider and ib_uverbs. None for an unknown vendor.
+	Modules []string `json:"modules,omitempty"`
 	// Note says what the guest image must bring.
 	Note string `json:"note"`
 }
@@ -251,12 +256,27 @@ type Guest struct {
 // own; the host's names are not carried over).
 func (p *Plan) Guest() Guest {
 	g := Guest{Vendor: p.VF.Vendor, Device: p.VF.Device, Driver: guestDriver(p.VF.Vendor)}
-	g.Note = fmt.Sprintf("the guest needs the %s kernel module (and, for RDMA, mlx5_ib with rdma-core in the image); the launcher's guest kernel does not bring NIC drivers", g.Driver)
+	g.Modules = guestModules(p.VF.Vendor)
+	g.Note = fmt.Sprintf("the guest loads %s from the initramfs (modules %s of the node's kernel); RDMA from user space needs rdma-core (libibverbs and its provider) in the image", g.Driver, strings.Join(g.Modules, " "))
 	if g.Driver == "" {
 		g.Driver = "unknown"
 		g.Note = fmt.Sprintf("no known guest driver for PCI id %04x:%04x: the guest image must bring one", p.VF.Vendor, p.VF.Device)
 	}
 	return g
+}
+
+// guestModules are the modules a guest needs for a VF of vendor: the
+// driver, its RDMA (verbs) provider and the verbs character devices.
+func guestModules(vendor uint16) []string {
+	switch vendor {
+	case 0x15b3:
+		return []string{"mlx5_core", "mlx5_ib", "ib_uverbs"}
+	case 0x8086:
+		return []string{"iavf", "irdma", "ib_uverbs"}
+	case 0x14e4:
+		return []string{"bnxt_en", "bnxt_re", "ib_uverbs"}
+	}
+	return nil
 }
 
 // guestDriver names the Linux driver of a VF vendor's functions.
