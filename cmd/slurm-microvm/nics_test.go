@@ -55,7 +55,7 @@ func fakeSRIOV(t *testing.T, dir string) {
 	}
 	mk("bus/pci/drivers/vfio-pci/bind", "")
 	mk("bus/pci/drivers/mlx5_core/bind", "")
-	dev("0000:3b:00.0", 0x101d, 40, "mlx5_core")
+	dev("0000:3b:00.0", 0x1021, 40, "mlx5_core")
 	mk("bus/pci/devices/0000:3b:00.0/sriov_totalvfs", "8\n")
 	mk("bus/pci/devices/0000:3b:00.0/sriov_numvfs", "2\n")
 	mk("bus/pci/devices/0000:3b:00.0/net/ib0/flags", "0x1003\n")

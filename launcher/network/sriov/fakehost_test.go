@@ -116,11 +116,12 @@ func (h *fakeHost) addPCI(f fn) {
 	}
 }
 
-// ConnectX-6 Dx: PF 15b3:101d, its VFs 15b3:101e (ConnectX family VF).
+// ConnectX-7 in InfiniBand mode: PF 15b3:1021 (class 0x0207), its VFs
+// 15b3:101e ("ConnectX Family mlx5Gen Virtual Function").
 const (
 	mlxVendor = 0x15b3
-	cx6PF     = 0x101d
-	cx6VF     = 0x101e
+	cx7PF     = 0x1021
+	cx7VF     = 0x101e
 )
 
 // pfWithVFs adds PF pfBDF (mlx5_core, group pfGroup, interface pfNet,
@@ -128,7 +129,7 @@ const (
 // VF i in IOMMU group groups[i], on vfDriver.
 func (h *fakeHost) pfWithVFs(pfBDF string, pfGroup int, pfNet string, groups []int, vfDriver string) []string {
 	h.t.Helper()
-	h.addPCI(fn{bdf: pfBDF, class: 0x020700, vendor: mlxVendor, device: cx6PF, driver: "mlx5_core", group: pfGroup, bar0: 32 << 20})
+	h.addPCI(fn{bdf: pfBDF, class: 0x020700, vendor: mlxVendor, device: cx7PF, driver: "mlx5_core", group: pfGroup, bar0: 32 << 20})
 	dir := "sys/bus/pci/devices/" + pfBDF
 	h.write(dir+"/sriov_totalvfs", "8\n")
 	h.write(dir+"/sriov_numvfs", fmt.Sprintf("%d\n", len(groups)))
@@ -138,7 +139,7 @@ func (h *fakeHost) pfWithVFs(pfBDF string, pfGroup int, pfNet string, groups []i
 	slot := pfBDF[:len(pfBDF)-2]
 	for i, g := range groups {
 		vf := fmt.Sprintf("%s.%d", slot, i+2)
-		h.addPCI(fn{bdf: vf, class: 0x020700, vendor: mlxVendor, device: cx6VF, group: g, bar0: 1 << 20})
+		h.addPCI(fn{bdf: vf, class: 0x020700, vendor: mlxVendor, device: cx7VF, group: g, bar0: 1 << 20})
 		h.symlink("../"+vf, dir+fmt.Sprintf("/virtfn%d", i))
 		h.symlink("../"+pfBDF, "sys/bus/pci/devices/"+vf+"/physfn")
 		if vfDriver != "" {

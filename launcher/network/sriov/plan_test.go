@@ -18,7 +18,7 @@ import (
 
 const pfBDF = "0000:3b:00.0"
 
-// fourVFs is a ConnectX-6 Dx PF (ib0) with 4 VFs at 3b:00.2-5, each in
+// fourVFs is a ConnectX-7 PF (ib0) with 4 VFs at 3b:00.2-5, each in
 // its own IOMMU group (41-44, ACS on the root port), on vfDriver.
 func fourVFs(t *testing.T, vfDriver string) (*fakeHost, []string) {
 	h := newFakeHost(t)
@@ -132,7 +132,7 @@ func TestSharedGroupRefused(t *testing.T) {
 		t.Fatalf("NewPlan: %v, want ErrSharedGroup and ErrNoFreeVF", err)
 	}
 	for _, want := range []string{
-		"VF 0000:3b:00.2 (PF ib0): IOMMU group shared with another device (shared-iommu-group): IOMMU group 40 also holds 0000:3b:00.0 (InfiniBand controller [15b3:101d], driver mlx5_core), 0000:3b:00.3",
+		"VF 0000:3b:00.2 (PF ib0): IOMMU group shared with another device (shared-iommu-group): IOMMU group 40 also holds 0000:3b:00.0 (InfiniBand controller [15b3:1021], driver mlx5_core), 0000:3b:00.3",
 		"ACS",
 	} {
 		if !strings.Contains(err.Error(), want) {
