@@ -64,6 +64,7 @@ func newApp() *cli.App {
 			assetsCommand(),
 			mpiCommand(),
 			gpusCommand(),
+			nicsCommand(),
 			mountsCommand(),
 			versionCommand(),
 		},

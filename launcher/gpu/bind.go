@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/pci"
 )
 
 // Bounds of the waits in Bind and Release (a context deadline shortens them).
@@ -32,7 +34,7 @@ func (p *Plan) Bind(ctx context.Context) error {
 		if err := p.checkIdle(ctx); err != nil {
 			return err
 		}
-		if _, err := os.Stat(r.sys("bus", "pci", "drivers", VFIODriver)); err != nil {
+		if _, err := os.Stat(r.SysPath("bus", "pci", "drivers", VFIODriver)); err != nil {
 			return &DeviceError{Index: -1, Rule: ErrVFIO, Detail: "the vfio-pci driver is not loaded: modprobe vfio-pci", Err: err}
 		}
 		var done []*Function
@@ -66,8 +68,8 @@ func (p *Plan) Bind(ctx context.Context) error {
 		}
 	}
 	for _, g := range p.GPUs {
-		dev := r.dev(g.VFIOGroupFile)
-		if !poll(ctx, bindWait, func() bool { _, err := os.Stat(dev); return err == nil }) {
+		dev := r.DevPath(g.VFIOGroupFile)
+		if !pci.Poll(ctx, bindWait, func() bool { _, err := os.Stat(dev); return err == nil }) {
 			errs = append(errs, &DeviceError{Index: g.Index, File: g.File, BDF: g.BDF, Rule: ErrNoDevice,
 				Detail: fmt.Sprintf("VFIO group device %s did not appear", g.VFIOGroupFile)})
 		}
@@ -88,7 +90,7 @@ func (p *Plan) checkIdle(ctx context.Context) error {
 			paths = append(paths, nvidiaDevFile(g.Minor))
 		}
 	}
-	held, err := p.Roots.holders(paths...)
+	held, err := p.Roots.Holders(paths...)
 	if err != nil {
 		return fmt.Errorf("scan open device files: %w", err)
 	}
@@ -110,43 +112,19 @@ func (p *Plan) checkIdle(ctx context.Context) error {
 		if g.Minor >= 0 {
 			if hs := held[nvidiaDevFile(g.Minor)]; len(hs) > 0 {
 				errs = append(errs, &DeviceError{Index: g.Index, File: g.File, BDF: g.BDF, Rule: ErrBusy,
-					Detail: fmt.Sprintf("%s is held open by %s", nvidiaDevFile(g.Minor), holderList(hs))})
+					Detail: fmt.Sprintf("%s is held open by %s", nvidiaDevFile(g.Minor), pci.HolderList(hs))})
 			}
 		}
 	}
 	return joinErrors("bind GPUs to vfio-pci", errs)
 }
 
-// toVFIO moves one function to vfio-pci. moved reports whether its driver
-// was changed (so that a failure later can undo it).
+// toVFIO moves one function to vfio-pci (pci.ToVFIO). moved reports
+// whether its driver was changed (so that a failure later can undo it).
 func (p *Plan) toVFIO(ctx context.Context, g *GPU, f *Function) (moved bool, err error) {
-	r := p.Roots
-	fail := func(format string, a ...any) error {
-		return &DeviceError{Index: g.Index, File: g.File, BDF: f.BDF, Rule: ErrRebind, Detail: fmt.Sprintf(format, a...)}
-	}
-	cur, err := linkBase(r.pciDev(f.BDF, "driver"))
+	moved, err = pci.ToVFIO(ctx, p.Roots, p.write, f.BDF)
 	if err != nil {
-		return false, fail("read driver: %v", err)
-	}
-	if cur == VFIODriver {
-		return false, nil
-	}
-	if err := p.sysWrite(r.pciDev(f.BDF, "driver_override"), VFIODriver); err != nil {
-		return false, fail("set driver_override: %v", err)
-	}
-	if cur != "" {
-		if err := p.sysWrite(r.sys("bus", "pci", "drivers", cur, "unbind"), f.BDF); err != nil {
-			_ = p.sysWrite(r.pciDev(f.BDF, "driver_override"), "\n")
-			return false, fail("unbind from %s: %v", cur, err)
-		}
-	}
-	moved = true
-	if err := p.sysWrite(r.sys("bus", "pci", "drivers_probe"), f.BDF); err != nil {
-		return moved, fail("probe with driver_override=%s: %v", VFIODriver, err)
-	}
-	if !poll(ctx, bindWait, func() bool { d, _ := linkBase(r.pciDev(f.BDF, "driver")); return d == VFIODriver }) {
-		d, _ := linkBase(r.pciDev(f.BDF, "driver"))
-		return moved, fail("still bound to %q after probing with driver_override=%s", d, VFIODriver)
+		return moved, &DeviceError{Index: g.Index, File: g.File, BDF: f.BDF, Rule: ErrRebind, Detail: err.Error()}
 	}
 	return moved, nil
 }
@@ -165,9 +143,9 @@ func (p *Plan) Release(ctx context.Context) error {
 	r := p.Roots
 	groups := p.VFIOGroupFiles()
 	var held map[string][]Holder
-	free := poll(ctx, releaseWait, func() bool {
+	free := pci.Poll(ctx, releaseWait, func() bool {
 		var err error
-		held, err = r.holders(groups...)
+		held, err = r.Holders(groups...)
 		return err == nil && len(held) == 0
 	})
 	if !free {
@@ -175,7 +153,7 @@ func (p *Plan) Release(ctx context.Context) error {
 		for _, g := range p.GPUs {
 			if hs := held[g.VFIOGroupFile]; len(hs) > 0 {
 				errs = append(errs, &DeviceError{Index: g.Index, File: g.File, BDF: g.BDF, Rule: ErrRelease,
-					Detail: fmt.Sprintf("VFIO group %s is still held open by %s", g.VFIOGroupFile, holderList(hs)), Err: ErrBusy})
+					Detail: fmt.Sprintf("VFIO group %s is still held open by %s", g.VFIOGroupFile, pci.HolderList(hs)), Err: ErrBusy})
 			}
 		}
 		if len(errs) > 0 {
@@ -204,48 +182,14 @@ func (p *Plan) Release(ctx context.Context) error {
 }
 
 // restore moves f from vfio-pci back to f.Driver ("" = leave unbound)
-// and clears driver_override. g may be nil (undo inside Bind).
+// and clears driver_override (pci.Restore). g may be nil (undo inside Bind).
 func (p *Plan) restore(ctx context.Context, g *GPU, f *Function) error {
-	r := p.Roots
 	idx, file := -1, ""
 	if g != nil {
 		idx, file = g.Index, g.File
 	}
-	fail := func(format string, a ...any) error {
-		return &DeviceError{Index: idx, File: file, BDF: f.BDF, Rule: ErrRelease, Detail: fmt.Sprintf(format, a...)}
-	}
-	cur, err := linkBase(r.pciDev(f.BDF, "driver"))
-	if err != nil {
-		return fail("read driver: %v", err)
-	}
-	if ov, err := os.ReadFile(r.pciDev(f.BDF, "driver_override")); err == nil {
-		if s := strings.TrimSpace(string(ov)); s != "" && s != "(null)" {
-			if err := p.sysWrite(r.pciDev(f.BDF, "driver_override"), "\n"); err != nil {
-				return fail("clear driver_override: %v", err)
-			}
-		}
-	}
-	if cur == f.Driver {
-		return nil
-	}
-	if cur == VFIODriver {
-		if err := p.sysWrite(r.sys("bus", "pci", "drivers", VFIODriver, "unbind"), f.BDF); err != nil {
-			return fail("unbind from %s: %v", VFIODriver, err)
-		}
-		cur = ""
-	}
-	if cur != "" {
-		return fail("bound to %s, expected %s or %s: left alone", cur, VFIODriver, or(f.Driver, "no driver"))
-	}
-	if f.Driver == "" {
-		return nil
-	}
-	if err := p.sysWrite(r.sys("bus", "pci", "drivers", f.Driver, "bind"), f.BDF); err != nil {
-		return fail("bind back to %s: %v", f.Driver, err)
-	}
-	if !poll(ctx, bindWait, func() bool { d, _ := linkBase(r.pciDev(f.BDF, "driver")); return d == f.Driver }) {
-		d, _ := linkBase(r.pciDev(f.BDF, "driver"))
-		return fail("bound to %q after binding it back to %s", d, f.Driver)
+	if err := pci.Restore(ctx, p.Roots, p.write, f.BDF, f.Driver); err != nil {
+		return &DeviceError{Index: idx, File: file, BDF: f.BDF, Rule: ErrRelease, Detail: err.Error()}
 	}
 	return nil
 }
@@ -263,13 +207,13 @@ func (p *Plan) verifyReleased(ctx context.Context, g *GPU, rebound bool) error {
 		}
 	}
 	if !rebound || gpuFn.Driver == VFIODriver {
-		if err := openClose(r.dev(g.VFIOGroupFile)); err != nil {
+		if err := pci.OpenClose(r.DevPath(g.VFIOGroupFile)); err != nil {
 			return fail("VFIO group %s does not open: %v", g.VFIOGroupFile, err)
 		}
 		return nil
 	}
 	for _, f := range g.Functions {
-		if d, _ := linkBase(r.pciDev(f.BDF, "driver")); d != f.Driver {
+		if d, _ := pci.LinkBase(r.DevicePath(f.BDF, "driver")); d != f.Driver {
 			return fail("%s is bound to %q, not back on %q", f.BDF, d, or(f.Driver, "no driver"))
 		}
 	}
@@ -277,8 +221,8 @@ func (p *Plan) verifyReleased(ctx context.Context, g *GPU, rebound bool) error {
 		return nil
 	}
 	var got int = -1
-	if !poll(ctx, bindWait, func() bool {
-		infos, _ := r.nvidiaGPUs()
+	if !pci.Poll(ctx, bindWait, func() bool {
+		infos, _ := nvidiaGPUs(r)
 		for _, in := range infos {
 			if in.BDF == g.BDF {
 				got = in.Minor
@@ -287,62 +231,13 @@ func (p *Plan) verifyReleased(ctx context.Context, g *GPU, rebound bool) error {
 		}
 		return false
 	}) {
-		return fail("back on nvidia but not listed in %s", r.proc("driver", "nvidia", "gpus"))
+		return fail("back on nvidia but not listed in %s", r.ProcPath("driver", "nvidia", "gpus"))
 	}
 	if got != g.Minor {
 		return fail("back on nvidia with device minor %d, not %d: %s now names another GPU; restart slurmd's GPU mapping (reboot or rebind all GPUs)", got, g.Minor, g.File)
 	}
-	if err := openClose(r.dev(nvidiaDevFile(g.Minor))); err != nil {
+	if err := pci.OpenClose(r.DevPath(nvidiaDevFile(g.Minor))); err != nil {
 		return fail("%s does not open: %v", nvidiaDevFile(g.Minor), err)
 	}
 	return nil
-}
-
-func openClose(path string) error {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	return f.Close()
-}
-
-// sysWrite writes one sysfs attribute (p.write in tests).
-func (p *Plan) sysWrite(path, value string) error {
-	if p.write != nil {
-		return p.write(path, value)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(value)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("write %q to %s: %w", strings.TrimSpace(value), path, err)
-	}
-	return nil
-}
-
-// poll calls cond every 20 ms until it holds, limit passes or ctx ends.
-func poll(ctx context.Context, limit time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(limit)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		t := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
-	}
 }

@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/driverset"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/pci"
 )
 
 // InspectRequest is what Inspect looks at; fields as in Request.
@@ -194,7 +196,7 @@ func Inspect(ctx context.Context, req InspectRequest) *Report {
 	if rep.NoGPUs != "" && len(rep.Unlisted) > 0 {
 		rep.NoGPUs += fmt.Sprintf(" (%d NVIDIA GPU(s) in sysfs are not in gres.conf)", len(rep.Unlisted))
 	} else if rep.NoGPUs != "" {
-		rep.NoGPUs += "; no NVIDIA GPU in " + r.sys("bus", "pci", "devices")
+		rep.NoGPUs += "; no NVIDIA GPU in " + r.SysPath("bus", "pci", "devices")
 	}
 	return rep
 }
@@ -231,24 +233,24 @@ func (pl *planner) status(d GresDevice) GPUStatus {
 // and whether the NVIDIA driver is loaded.
 func hostChecks(r Roots) []Check {
 	var out []Check
-	groups, _ := os.ReadDir(r.sys("kernel", "iommu_groups"))
-	units, _ := os.ReadDir(r.sys("class", "iommu"))
+	groups, _ := os.ReadDir(r.SysPath("kernel", "iommu_groups"))
+	units, _ := os.ReadDir(r.SysPath("class", "iommu"))
 	c := Check{Name: "iommu", OK: len(groups) > 0 || len(units) > 0}
 	if c.OK {
 		c.Detail = fmt.Sprintf("%d IOMMU groups, %d IOMMU units", len(groups), len(units))
 	} else {
 		c.Detail = fmt.Sprintf("%s and %s are empty: the IOMMU is off; boot with intel_iommu=on iommu=pt (Intel) or amd_iommu=on iommu=pt (AMD)",
-			r.sys("kernel", "iommu_groups"), r.sys("class", "iommu"))
+			r.SysPath("kernel", "iommu_groups"), r.SysPath("class", "iommu"))
 	}
 	out = append(out, c)
 
 	c = Check{Name: "vfio-pci"}
-	if _, err := os.Stat(r.sys("bus", "pci", "drivers", VFIODriver)); err == nil {
+	if _, err := os.Stat(r.SysPath("bus", "pci", "drivers", VFIODriver)); err == nil {
 		c.OK, c.Detail = true, "driver loaded"
-		if ents, err := os.ReadDir(r.sys("bus", "pci", "drivers", VFIODriver)); err == nil {
+		if ents, err := os.ReadDir(r.SysPath("bus", "pci", "drivers", VFIODriver)); err == nil {
 			var bound []string
 			for _, e := range ents {
-				if bdfRE.MatchString(e.Name()) {
+				if pci.ValidBDF(e.Name()) {
 					bound = append(bound, e.Name())
 				}
 			}
@@ -257,25 +259,25 @@ func hostChecks(r Roots) []Check {
 			}
 		}
 	} else {
-		c.Detail = "driver not loaded (no " + r.sys("bus", "pci", "drivers", VFIODriver) + "): modprobe vfio-pci"
+		c.Detail = "driver not loaded (no " + r.SysPath("bus", "pci", "drivers", VFIODriver) + "): modprobe vfio-pci"
 	}
 	out = append(out, c)
 
 	c = Check{Name: "/dev/vfio"}
-	if st, err := os.Stat(r.dev("/dev/vfio/vfio")); err != nil {
+	if st, err := os.Stat(r.DevPath("/dev/vfio/vfio")); err != nil {
 		c.Detail = "/dev/vfio/vfio does not exist: modprobe vfio-pci"
 	} else if st.Mode()&os.ModeCharDevice == 0 {
 		c.Detail = "/dev/vfio/vfio is not a character device"
 	} else {
 		c.OK = true
 		parts := []string{"vfio " + permString(st)}
-		ents, _ := os.ReadDir(r.dev("/dev/vfio"))
+		ents, _ := os.ReadDir(r.DevPath("/dev/vfio"))
 		sort.Slice(ents, func(i, j int) bool { return numLess(ents[i].Name(), ents[j].Name()) })
 		for _, e := range ents {
 			if e.Name() == "vfio" {
 				continue
 			}
-			if st, err := os.Stat(r.dev("/dev/vfio/" + e.Name())); err == nil {
+			if st, err := os.Stat(r.DevPath("/dev/vfio/" + e.Name())); err == nil {
 				parts = append(parts, e.Name()+" "+permString(st))
 			}
 		}
@@ -284,8 +286,8 @@ func hostChecks(r Roots) []Check {
 	out = append(out, c)
 
 	c = Check{Name: "nvidia driver"}
-	if infos, err := r.nvidiaGPUs(); err == nil {
-		c.OK, c.Detail = true, fmt.Sprintf("loaded, %d GPU(s) in %s", len(infos), r.proc("driver", "nvidia", "gpus"))
+	if infos, err := nvidiaGPUs(r); err == nil {
+		c.OK, c.Detail = true, fmt.Sprintf("loaded, %d GPU(s) in %s", len(infos), r.ProcPath("driver", "nvidia", "gpus"))
 	} else {
 		c.OK, c.Detail = true, "not loaded (GPUs must then be listed as /dev/vfio/<group>)"
 	}
@@ -325,20 +327,20 @@ func unlisted(r Roots, listed []GPUStatus) []UnlistedGPU {
 			known[m.BDF] = true
 		}
 	}
-	ents, err := os.ReadDir(r.sys("bus", "pci", "devices"))
+	ents, err := os.ReadDir(r.SysPath("bus", "pci", "devices"))
 	if err != nil {
 		return nil
 	}
 	var out []UnlistedGPU
 	for _, e := range ents {
-		if !bdfRE.MatchString(e.Name()) || known[e.Name()] {
+		if !pci.ValidBDF(e.Name()) || known[e.Name()] {
 			continue
 		}
-		info, err := r.readPCI(e.Name())
+		info, err := r.ReadPCI(e.Name())
 		if err != nil || info.Vendor != 0x10de || !isDisplay(info.Class) {
 			continue
 		}
-		out = append(out, UnlistedGPU{BDF: info.BDF, Desc: info.describe(), IOMMUGroup: info.Group})
+		out = append(out, UnlistedGPU{BDF: info.BDF, Desc: info.Describe(), IOMMUGroup: info.Group})
 	}
 	return out
 }

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/pci"
 )
 
 // Request is what Plan maps.
@@ -232,7 +234,7 @@ func newPlanner(ctx context.Context, req Request) (*planner, error) {
 			pl.nvmlMsg = "available"
 		}
 	}
-	pl.proc, pl.procErr = pl.r.nvidiaGPUs()
+	pl.proc, pl.procErr = nvidiaGPUs(pl.r)
 	return pl, nil
 }
 
@@ -254,7 +256,7 @@ func (pl *planner) plan(indices []int) (*Plan, []error) {
 		Roots:        pl.r,
 		AllowRebind:  pl.req.AllowRebind,
 		NVML:         pl.nvmlMsg,
-		HostPhysBits: pl.r.physBits(),
+		HostPhysBits: physBits(pl.r),
 		Notes:        append([]string(nil), pl.conf.Notes...),
 		nvml:         pl.req.NVML,
 	}
@@ -297,17 +299,17 @@ func (pl *planner) resolve(idx int) (*GPU, error) {
 	}
 	if grp, ok := vfioGroupFromName(d.File); ok {
 		g.IOMMUGroup = grp
-		members, err := pl.r.groupMembers(grp)
+		members, err := pl.r.GroupMembers(grp)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fail(ErrNoDevice, "IOMMU group %d does not exist on this host (no %s): no such VFIO device here (IOMMU off, or not a GPU node?)",
-				grp, pl.r.sys("kernel", "iommu_groups", strconv.Itoa(grp)))
+				grp, pl.r.SysPath("kernel", "iommu_groups", strconv.Itoa(grp)))
 		}
 		if err != nil {
 			return nil, fail(ErrNoDevice, "read IOMMU group %d: %v", grp, err)
 		}
 		var gpus []pciInfo
 		for _, m := range members {
-			info, err := pl.r.readPCI(m)
+			info, err := pl.r.ReadPCI(m)
 			if err != nil {
 				return nil, fail(ErrNoDevice, "read PCI device %s of IOMMU group %d: %v", m, grp, err)
 			}
@@ -321,19 +323,19 @@ func (pl *planner) resolve(idx int) (*GPU, error) {
 		if len(gpus) > 1 && slotOf(gpus[0].BDF) != slotOf(gpus[len(gpus)-1].BDF) {
 			var ds []string
 			for _, x := range gpus {
-				ds = append(ds, x.describe())
+				ds = append(ds, x.Describe())
 			}
 			return nil, fail(ErrSharedGroup, "IOMMU group %d holds %d GPUs (%s) but Slurm counts %s as one GPU: give each GPU its own IOMMU group (ACS on the PCIe switch) or list them as one gres.conf entry per group",
 				grp, len(gpus), strings.Join(ds, ", "), d.File)
 		}
 		g.BDF = gpus[0].BDF
 	} else {
-		minor, ok := charDevMinor(pl.r.dev(d.File), nvidiaMajor)
+		minor, ok := charDevMinor(pl.r.DevPath(d.File), nvidiaMajor)
 		if !ok {
 			minor, ok = nvidiaMinorFromName(d.File)
 		}
 		if !ok {
-			if _, err := os.Stat(pl.r.dev(d.File)); err != nil {
+			if _, err := os.Stat(pl.r.DevPath(d.File)); err != nil {
 				return nil, fail(ErrNoDevice, "device file does not exist (%v)", err)
 			}
 			return nil, fail(ErrUnsupportedFile, "%s is neither /dev/vfio/<group> nor an NVIDIA GPU (/dev/nvidia<minor>, character major %d); list the GPU's VFIO group or NVIDIA device in gres.conf", d.File, nvidiaMajor)
@@ -355,13 +357,13 @@ func (pl *planner) resolve(idx int) (*GPU, error) {
 			return nil, fail(ErrNoDevice, "no PCI device has NVIDIA device minor %d: %s; NVML %s",
 				minor, pl.procStatus(), strings.TrimPrefix(pl.nvmlMsg, "NVML "))
 		}
-		info, err := pl.r.readPCI(g.BDF)
+		info, err := pl.r.ReadPCI(g.BDF)
 		if err != nil {
 			return nil, fail(ErrNoDevice, "PCI device %s of NVIDIA minor %d not in sysfs: %v", g.BDF, minor, err)
 		}
 		if info.Group < 0 {
 			return nil, fail(ErrNoIOMMU, "no IOMMU group (%s missing): the IOMMU is off; boot the host with intel_iommu=on iommu=pt (Intel) or amd_iommu=on iommu=pt (AMD)",
-				pl.r.pciDev(g.BDF, "iommu_group"))
+				pl.r.DevicePath(g.BDF, "iommu_group"))
 		}
 		g.IOMMUGroup = info.Group
 	}
@@ -385,16 +387,16 @@ func (pl *planner) resolve(idx int) (*GPU, error) {
 			}
 		}
 	}
-	members, err := pl.r.groupMembers(g.IOMMUGroup)
+	members, err := pl.r.GroupMembers(g.IOMMUGroup)
 	if err != nil {
 		return nil, fail(ErrNoDevice, "read IOMMU group %d: %v", g.IOMMUGroup, err)
 	}
 	for _, m := range members {
-		info, err := pl.r.readPCI(m)
+		info, err := pl.r.ReadPCI(m)
 		if err != nil {
 			return nil, fail(ErrNoDevice, "read PCI device %s of IOMMU group %d: %v", m, g.IOMMUGroup, err)
 		}
-		mem := Member{BDF: m, Desc: info.describe(), Driver: info.Driver, GresIndex: pl.gresIndexOf(m)}
+		mem := Member{BDF: m, Desc: info.Describe(), Driver: info.Driver, GresIndex: pl.gresIndexOf(m)}
 		switch {
 		case info.Bridge:
 			mem.Role = RoleBridge
@@ -424,7 +426,7 @@ func countGPUs(n int) string {
 }
 
 func (pl *planner) procStatus() string {
-	dir := pl.r.proc("driver", "nvidia", "gpus")
+	dir := pl.r.ProcPath("driver", "nvidia", "gpus")
 	if errors.Is(pl.procErr, fs.ErrNotExist) {
 		return dir + " does not exist (NVIDIA driver not loaded)"
 	}
@@ -450,7 +452,7 @@ func (pl *planner) gresIndexOf(bdf string) int {
 	}
 	for _, d := range pl.conf.Devices {
 		if minor >= 0 {
-			if m, ok := charDevMinor(pl.r.dev(d.File), nvidiaMajor); ok && m == minor {
+			if m, ok := charDevMinor(pl.r.DevPath(d.File), nvidiaMajor); ok && m == minor {
 				return d.Index
 			}
 			if m, ok := nvidiaMinorFromName(d.File); ok && m == minor {
@@ -508,7 +510,7 @@ func (pl *planner) checkGroups(p *Plan) []error {
 			}
 			errs = append(errs, &DeviceError{Index: g.Index, File: g.File, BDF: f.BDF, Rule: ErrWrongDriver, Detail: fmt.Sprintf(
 				"%s (%s) is %s, not %s: bind it to %s on the node (e.g. driverctl set-override %s %s) or allow slurm-microvm to rebind GPUs (allow_rebind in microvm.toml)",
-				f.BDF, className(f.Class), drv, VFIODriver, VFIODriver, f.BDF, VFIODriver)})
+				f.BDF, pci.ClassName(f.Class), drv, VFIODriver, VFIODriver, f.BDF, VFIODriver)})
 		}
 	}
 	return errs
@@ -526,9 +528,9 @@ func (pl *planner) checkUse(p *Plan) []error {
 			paths = append(paths, nvidiaDevFile(g.Minor))
 		}
 	}
-	held, herr := pl.r.holders(paths...)
+	held, herr := pl.r.Holders(paths...)
 	if herr != nil {
-		p.Notes = append(p.Notes, fmt.Sprintf("could not scan %s for open devices: %v", pl.r.proc(), herr))
+		p.Notes = append(p.Notes, fmt.Sprintf("could not scan %s for open devices: %v", pl.r.ProcPath(), herr))
 	}
 	for _, g := range p.GPUs {
 		fail := func(rule error, format string, a ...any) {
@@ -553,12 +555,12 @@ func (pl *planner) checkUse(p *Plan) []error {
 		if g.Minor >= 0 && g.Functions[0].Rebind {
 			if hs := held[nvidiaDevFile(g.Minor)]; len(hs) > 0 {
 				fail(ErrBusy, "%s is held open by %s: rebinding the GPU would pull it from under them; stop them first (for nvidia-persistenced: nvidia-smi drain -p %s -m 1)",
-					nvidiaDevFile(g.Minor), holderList(hs), g.BDF)
+					nvidiaDevFile(g.Minor), pci.HolderList(hs), g.BDF)
 				continue
 			}
 		}
 		if hs := held[g.VFIOGroupFile]; len(hs) > 0 {
-			fail(ErrBusy, "VFIO group %s is held open by %s (a VM of another step still running?)", g.VFIOGroupFile, holderList(hs))
+			fail(ErrBusy, "VFIO group %s is held open by %s (a VM of another step still running?)", g.VFIOGroupFile, pci.HolderList(hs))
 		}
 	}
 	return errs
@@ -580,18 +582,18 @@ func (pl *planner) checkHost(p *Plan) []error {
 		}
 		if all && !groups[g.IOMMUGroup] {
 			groups[g.IOMMUGroup] = true
-			if _, err := os.Stat(pl.r.dev(g.VFIOGroupFile)); err != nil {
+			if _, err := os.Stat(pl.r.DevPath(g.VFIOGroupFile)); err != nil {
 				errs = append(errs, &DeviceError{Index: g.Index, File: g.File, BDF: g.BDF, Rule: ErrNoDevice, Detail: fmt.Sprintf(
 					"VFIO group device %s does not exist although the group's devices are on %s", g.VFIOGroupFile, VFIODriver)})
 			}
 		}
 	}
 	if rebind {
-		if _, err := os.Stat(pl.r.sys("bus", "pci", "drivers", VFIODriver)); err != nil {
+		if _, err := os.Stat(pl.r.SysPath("bus", "pci", "drivers", VFIODriver)); err != nil {
 			errs = append(errs, &DeviceError{Index: -1, Rule: ErrVFIO, Detail: fmt.Sprintf("the %s driver is not loaded (no %s): modprobe vfio-pci",
-				VFIODriver, pl.r.sys("bus", "pci", "drivers", VFIODriver))})
+				VFIODriver, pl.r.SysPath("bus", "pci", "drivers", VFIODriver))})
 		}
-	} else if _, err := os.Stat(pl.r.dev("/dev/vfio/vfio")); err != nil {
+	} else if _, err := os.Stat(pl.r.DevPath("/dev/vfio/vfio")); err != nil {
 		errs = append(errs, &DeviceError{Index: -1, Rule: ErrVFIO, Detail: "/dev/vfio/vfio does not exist: load vfio-pci (modprobe vfio-pci)"})
 	}
 	if pl.req.GuestMemoryMiB > 0 && p.HostPhysBits > 0 {
@@ -613,7 +615,7 @@ func (pl *planner) checkNVSwitch(p *Plan) []error {
 	if len(p.GPUs) < 2 {
 		return nil
 	}
-	sw := pl.r.nvSwitches()
+	sw := nvSwitches(pl.r)
 	if len(sw) == 0 {
 		return nil
 	}

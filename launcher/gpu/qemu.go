@@ -1,25 +1,17 @@
 package gpu
 
 import (
-	"errors"
 	"fmt"
 	"math/bits"
-	"strings"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/pci"
 )
 
-// Memory is the guest RAM that QEMUArgs backs.
-type Memory struct {
-	// MiB is the guest memory size: the same value the caller gives -m.
-	MiB uint64
-	// PreallocThreads touch the memory in parallel at start (0 = 1).
-	PreallocThreads int
-	// HugePages is a hugetlbfs mount (e.g. "/dev/hugepages") to take the
-	// guest RAM from; "" uses anonymous memory.
-	HugePages string
-}
+// Memory is the guest RAM that QEMUArgs backs (package pci).
+type Memory = pci.Memory
 
 // MemoryBackendID is the id of the memory backend QEMUArgs creates.
-const MemoryBackendID = "gpu-ram"
+const MemoryBackendID = pci.MemoryBackendID
 
 // QEMUArgs is the GPU part of the QEMU command line (without the binary),
 // for QEMU 7.2 and later:
@@ -43,22 +35,9 @@ func (p *Plan) QEMUArgs(m Memory) ([]string, error) {
 	if len(p.GPUs) == 0 {
 		return nil, nil
 	}
-	if m.MiB == 0 {
-		return nil, errors.New("gpu: QEMU arguments need the guest memory size")
-	}
-	threads := max(m.PreallocThreads, 1)
-	mem := fmt.Sprintf("memory-backend-ram,id=%s,size=%dM,prealloc=on,prealloc-threads=%d", MemoryBackendID, m.MiB, threads)
-	if m.HugePages != "" {
-		if strings.ContainsAny(m.HugePages, "\n\x00") {
-			return nil, fmt.Errorf("gpu: hugepages path %q contains a newline or NUL", m.HugePages)
-		}
-		mem = fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,prealloc=on,prealloc-threads=%d",
-			MemoryBackendID, m.MiB, strings.ReplaceAll(m.HugePages, ",", ",,"), threads)
-	}
-	args := []string{
-		"-M", "q35,memory-backend=" + MemoryBackendID + ",vmport=off,smm=off,sata=off",
-		"-object", mem,
-		"-global", "q35-pcihost.pci-hole64-size=" + sizeArg(p.Hole64()),
+	args, err := pci.MachineArgs(m, p.Hole64())
+	if err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
 	}
 	for i, g := range p.GPUs {
 		if len(g.Functions) == 0 || len(g.Functions) > 8 {
@@ -73,7 +52,7 @@ func (p *Plan) QEMUArgs(m Memory) ([]string, error) {
 		}
 		args = append(args, "-device", rp)
 		for fn, f := range g.Functions {
-			if !bdfRE.MatchString(f.BDF) {
+			if !pci.ValidBDF(f.BDF) {
 				return nil, fmt.Errorf("gpu: GPU %d: %q is not a PCI address", g.Index, f.BDF)
 			}
 			id := fmt.Sprintf("gpu%d", i)
@@ -101,25 +80,11 @@ func hasIOBAR(g GPU) bool {
 	return false
 }
 
-// sizeArg writes a byte count the way QEMU's size parser reads it,
-// in the largest unit that divides it.
-func sizeArg(n uint64) string {
-	for _, u := range []struct {
-		s     string
-		shift uint
-	}{{"T", 40}, {"G", 30}, {"M", 20}, {"K", 10}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d%s", n>>u.shift, u.s)
-		}
-	}
-	return fmt.Sprint(n)
-}
-
 const (
 	gib = uint64(1) << 30
 	tib = uint64(1) << 40
 	// defaultHole64 is q35's own pci-hole64-size (QEMU 7.2: 32 GiB).
-	defaultHole64 = 32 * gib
+	defaultHole64 = pci.DefaultHole64
 	// amdHTStart is where QEMU 7.2 stops RAM on AMD hosts and relocates
 	// above-4G RAM to 1 TiB (AMD_HT_START).
 	amdHTStart = uint64(0xfd00000000)
