@@ -129,6 +129,9 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 			return "", fmt.Errorf("set hostname %q: %w", req.Hostname, err)
 		}
 	}
+	if err := allowPingSockets(pingGroupRange); err != nil {
+		return "", err
+	}
 	if netc != nil {
 		// The step's /etc/hosts replaces the image's: it maps the step's
 		// node names, which the image's file must not redirect.

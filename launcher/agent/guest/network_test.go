@@ -162,3 +162,19 @@ func TestWriteEtc(t *testing.T) {
 		}
 	})
 }
+
+func TestAllowPingSockets(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "ping_group_range")
+	if err := os.WriteFile(p, []byte("1\t0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := allowPingSockets(p); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "0 2147483647\n" {
+		t.Errorf("ping_group_range %q, want every gid", b)
+	}
+	if err := allowPingSockets(filepath.Join(t.TempDir(), "missing", "x")); err == nil || !strings.Contains(err.Error(), "allow ping sockets") {
+		t.Errorf("missing file: %v", err)
+	}
+}
