@@ -183,7 +183,7 @@ func prepareCommand() *cli.Command {
 			&cli.StringFlag{Name: "mounts-env", Usage: "SLURM_MICROVM_MOUNTS of the job, used when --mounts is not given"},
 			&cli.StringFlag{Name: "nodes", Usage: "SLURM_STEP_NODELIST: the step's nodes (hostlist)"},
 			&cli.StringFlag{Name: "network", Usage: "--microvm-network: the step network mode"},
-			&cli.StringFlag{Name: "slurm-conf", Usage: "slurm.conf of the node's slurmd (SLURM_CONF), for scontrol"},
+			&cli.PathFlag{Name: "slurm-conf", Usage: "slurm.conf of the node's slurmd (SLURM_CONF), for scontrol"},
 		),
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c, true)

@@ -35,10 +35,11 @@ func nicsCommand() *cli.Command {
 			&cli.PathFlag{Name: "dev-root", Value: "/dev", Usage: "where /dev is"},
 		},
 		Action: func(c *cli.Context) error {
-			cfg, runtimeDir, err := sriov.ReadConfigFile(c.String("config"))
+			conf, err := loadConfig(c, true)
 			if err != nil {
-				return cli.Exit("nics: "+err.Error(), 2)
+				return err
 			}
+			cfg, runtimeDir := conf.Network.SRIOV, conf.RuntimeDir
 			if c.IsSet("pf") {
 				cfg.PFs = c.StringSlice("pf")
 			}

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/network/sriov"
 )
 
 // Network is [network]: the guest's network (package launcher/network).
@@ -34,6 +36,10 @@ type Network struct {
 	// Scontrol is the scontrol(1) the launcher asks for the step's node
 	// addresses (NodeAddr).
 	Scontrol string `toml:"scontrol"`
+	// SRIOV lists the fabric NICs whose virtual functions steps may get
+	// by VFIO ([network.sriov]; package launcher/network/sriov, checked
+	// against fake sysfs trees only). None by default.
+	SRIOV sriov.Config `toml:"sriov"`
 }
 
 // NetworkService is one [[network.services]] entry.
@@ -196,5 +202,8 @@ func checkNetwork(n *Network, bad func(key, format string, a ...any)) {
 	}
 	if n.Scontrol == "" {
 		bad("network.scontrol", "must not be empty")
+	}
+	if err := n.SRIOV.Validate(); err != nil {
+		bad("network.sriov.pfs", "%v", err)
 	}
 }

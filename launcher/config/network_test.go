@@ -37,6 +37,8 @@ allow = ["10.1.2.0/24"]
 		{name: "service prefix", toml: "[[network.services]]\nprefix = \"dns\"\nproto = \"udp\"", wantErr: `entry 1: prefix: "dns" is not an IPv4 address`},
 		{name: "user allow", toml: "[network.user]\nallow = [\"x\"]", wantErr: "network.user.allow: entry 1"},
 		{name: "unknown key", toml: "[network]\nmodes = \"step\"", wantErr: "network.modes: unknown key"},
+		{name: "sriov pfs", toml: "[network.sriov]\npfs = [\"ib0\", \"ib0\"]", wantErr: `network.sriov.pfs: `},
+		{name: "sriov ok", toml: "[network.sriov]\npfs = [\"0000:3b:00.0\", \"mlx5_0\"]\nallow_rebind = true"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

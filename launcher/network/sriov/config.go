@@ -1,13 +1,9 @@
 package sriov
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"path/filepath"
 	"strings"
-
-	"github.com/BurntSushi/toml"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/pci"
 )
@@ -63,26 +59,6 @@ func validIfName(s string) bool {
 		return false
 	}
 	return !strings.ContainsAny(s, "/: \t\n\x00")
-}
-
-// ReadConfigFile reads [network.sriov] (and runtime_dir) from a
-// microvm.toml, ignoring every other key, for `slurm-microvm nics` until
-// config.Config carries the table. A missing file gives the defaults (no
-// PFs, runtime_dir ""). Errors name the file; Validate is the caller's.
-func ReadConfigFile(path string) (cfg Config, runtimeDir string, err error) {
-	var f struct {
-		RuntimeDir string `toml:"runtime_dir"`
-		Network    struct {
-			SRIOV Config `toml:"sriov"`
-		} `toml:"network"`
-	}
-	if _, err := toml.DecodeFile(path, &f); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return Config{}, "", nil
-		}
-		return Config{}, "", fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
-	}
-	return f.Network.SRIOV, f.RuntimeDir, nil
 }
 
 // DefaultClaimDir is the node's claim directory under the runtime
