@@ -1,7 +1,7 @@
-// CONTRACT (lead): the types and signatures of this file are shared by
-// the lifecycle (package launcher), the agent (guest side, through
-// driver.GuestNetwork), the QEMU driver and the test residue checks. The
-// package documentation is in doc.go.
+// The types of this file are the package's seam: the lifecycle (package
+// launcher) builds a Request, the QEMU driver and the agent get the
+// result through driver.Network, and the test residue checks use Leftover.
+// The package documentation is in doc.go.
 
 package network
 
