@@ -93,8 +93,8 @@
 //     need no privilege), and spawns no ifup script (spawn=deny holds).
 //     vhost-net only under KVM and when /dev/vhost-net exists: the
 //     supervisor opens it and QEMU gets vhostfd=N (as libvirt does; the
-//     node is root-only 0600, so the job's identity could not open it
-//     itself); else vhost=off (this host has no /dev/vhost-net: the vhost
+//     node is 0660 root:kvm by Debian's udev rules, and the job's identity
+//     has the kvm group only when /dev/kvm needed it); else vhost=off (this host has no /dev/vhost-net: the vhost
 //     path is checked by TestArgs only). User mode: -netdev
 //     user,ipv6=off,restrict=off with no hostfwd, smb or tftp: nothing
 //     outside reaches the guest, and the guest reaches what the VMM's
