@@ -235,6 +235,12 @@ func configureNetwork(ctx context.Context, c *netConfig) error {
 	if _, err := guestmod.Load(ctx, guestmod.Config{NetOnly: true}); err != nil {
 		return fmt.Errorf("load modules for the network device: %w", err)
 	}
+	return configureLink(ctx, c, linkWait)
+}
+
+// configureLink is configureNetwork once the device's driver is loaded;
+// wait bounds the waits for the interface and its carrier.
+func configureLink(ctx context.Context, c *netConfig, wait time.Duration) error {
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("find lo: %w", err)
@@ -244,7 +250,7 @@ func configureNetwork(ctx context.Context, c *netConfig) error {
 			return fmt.Errorf("set lo up: %w", err)
 		}
 	}
-	link, err := linkByMAC(ctx, c.mac, linkWait)
+	link, err := linkByMAC(ctx, c.mac, wait)
 	if err != nil {
 		return err
 	}
@@ -284,7 +290,7 @@ func configureNetwork(ctx context.Context, c *netConfig) error {
 			return fmt.Errorf("add permanent neighbor %s at %s on %s: %w", nb.addr, nb.mac, name, err)
 		}
 	}
-	return waitCarrier(ctx, idx, name, c.mac, linkWait)
+	return waitCarrier(ctx, idx, name, c.mac, wait)
 }
 
 // waitCarrier waits until the interface has a carrier (IFF_LOWER_UP, the
