@@ -82,6 +82,37 @@
 //     root then read whole and copied into its log. Not RLIMIT_FSIZE on
 //     QEMU: it would also bound the files the guest writes into shares.
 //     Error messages read at most the last 64 KiB of a log (tailFile).
+//   - Network (SandboxConfig.Network): one virtio-net device,
+//     virtio-net-device on -M microvm, virtio-net-pci (romfile= empty: the
+//     kernel boots directly, no option ROM) on the q35 machine of GPU
+//     steps, with the MAC the launcher chose; the agent configures it
+//     statically (launcher/agent/guest). With a tap: the launcher's open
+//     tap is inherited and given as -netdev tap,fd=N, so QEMU, running as
+//     the job's user under -sandbox, opens nothing and needs no
+//     CAP_NET_ADMIN (TUNSETIFF was done by root; the fd's reads and writes
+//     need no privilege), and spawns no ifup script (spawn=deny holds).
+//     vhost-net only under KVM and when /dev/vhost-net exists: the
+//     supervisor opens it and QEMU gets vhostfd=N (as libvirt does; the
+//     node is 0660 root:kvm by Debian's udev rules, and the job's identity
+//     has the kvm group only when /dev/kvm needed it); else vhost=off (this host has no /dev/vhost-net: the vhost
+//     path is checked by TestArgs only). User mode: -netdev
+//     user,ipv6=off,restrict=off with no hostfwd, smb or tftp: nothing
+//     outside reaches the guest, and the guest reaches what the VMM's
+//     network namespace reaches (10.0.2.2 is that namespace's loopback,
+//     TestNetworkUser).
+//   - The VMM is started in Network.NetNS when set: the goroutine that
+//     calls cmd.Start locks its OS thread, setns(CLONE_NEWNET)s into the
+//     namespace, forks (the child inherits the forking thread's
+//     namespaces) and setns's back before unlocking. When the way back
+//     fails the thread stays locked and dies with its goroutine, and the
+//     VMM is killed and the start fails: its parent-death signal follows
+//     the thread that forked it (TestStartInNetns). Alternatives:
+//     ip netns exec or nsenter (a shell command and a helper binary per
+//     start), a re-exec of the supervisor (a second process for one
+//     syscall); SysProcAttr can create a namespace but not join one.
+//   - The network device keeps a virtio slot whether or not the step has
+//     a network (MaxSharesMicrovm 20), so the share limit checked at
+//     submit holds in every network mode.
 //   - Every option value that comes from a path is escaped for QEMU's option
 //     parser (`,` doubled); nothing user-typed reaches the kernel command line.
 package qemu

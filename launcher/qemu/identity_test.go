@@ -43,7 +43,7 @@ type vmEnv struct {
 
 // newVMEnv builds the assets and a busybox root disk; extra is called on
 // the root filesystem directory before the disk is made.
-func newVMEnv(t *testing.T, ctx context.Context, osName string, extra func(rootfs string)) vmEnv {
+func newVMEnv(t testing.TB, ctx context.Context, osName string, extra func(rootfs string)) vmEnv {
 	t.Helper()
 	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs", "busybox")
 	tmp := t.TempDir()
@@ -73,7 +73,7 @@ func (e vmEnv) driver(runAs bool) *qemu.Driver {
 // stateDir is a fresh root-only state directory, as the launcher makes
 // them: the VMM, not root, must get along without opening anything in it
 // by name.
-func (e vmEnv) stateDir(t *testing.T, name string) string {
+func (e vmEnv) stateDir(t testing.TB, name string) string {
 	t.Helper()
 	d := filepath.Join(e.tmp, name)
 	if err := os.Mkdir(d, 0o700); err != nil {

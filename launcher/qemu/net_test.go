@@ -8,7 +8,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +28,7 @@ import (
 // gone when the file and every process in it are.
 type testNetns struct{ f *os.File }
 
-func newTestNetns(t *testing.T) testNetns {
+func newTestNetns(t testing.TB) testNetns {
 	t.Helper()
 	type res struct {
 		f   *os.File
@@ -61,7 +63,7 @@ func newTestNetns(t *testing.T) testNetns {
 
 // do runs fn on a thread inside the namespace; sockets and taps fn makes
 // stay in it.
-func (ns testNetns) do(t *testing.T, fn func() error) {
+func (ns testNetns) do(t testing.TB, fn func() error) {
 	t.Helper()
 	errc := make(chan error, 1)
 	go func() {
@@ -203,7 +205,7 @@ func TestNetworkTap(t *testing.T) {
 		want []string
 	}{
 		{[]string{"ip", "-o", "addr", "show", "dev", "eth0"}, []string{"inet 10.99.0.2/24"}},
-		{[]string{"cat", "/sys/class/net/eth0/mtu", "/sys/class/net/eth0/address", "/sys/class/net/eth0/operstate"}, []string{"1400\n52:54:00:0a:63:02\nup\n"}},
+		{[]string{"cat", "/sys/class/net/eth0/mtu", "/sys/class/net/eth0/address", "/sys/class/net/eth0/carrier"}, []string{"1400\n52:54:00:0a:63:02\n1\n"}},
 		{[]string{"ip", "route"}, []string{"default via 10.99.0.1 dev eth0", "10.98.0.0/16 via 10.99.0.1 dev eth0", "10.99.0.0/24 dev eth0"}},
 		{[]string{"ip", "neigh", "show", "10.99.0.7"}, []string{"10.99.0.7 dev eth0 lladdr 52:54:00:0a:63:07 ", " PERMANENT"}},
 		{[]string{"cat", "/etc/hosts"}, []string{"127.0.0.1\tlocalhost\n", "10.99.0.2\tnode1\n", "10.99.0.7\tpeer7 peer7.step\n"}},
@@ -298,5 +300,77 @@ func TestNetworkUser(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Error("no connection reached the VMM namespace's loopback")
+	}
+}
+
+// The agent's log lines around Setup (the first at debug level only).
+var (
+	setupReceived = regexp.MustCompile(`msg="setup received" .*?uptime_ms=(\d+)`)
+	setUpAt       = regexp.MustCompile(`msg="sandbox set up" .*?uptime_ms=(\d+)`)
+)
+
+// BenchmarkBootNetwork measures boot to agent ready (Start: the VMM's
+// start, the guest's boot and its Setup) and the stop, without a network,
+// on a tap and in user mode:
+//
+//	flock /tmp/smv-e2e.lock go test -run '^$' -bench BootNetwork -benchtime 5x ./launcher/qemu/
+func BenchmarkBootNetwork(b *testing.B) {
+	fixture.RequireRoot(b)
+	ctx := context.Background()
+	e := newVMEnv(b, ctx, "Bench Net OS", nil)
+	runs := 0
+	for _, mode := range []string{"none", "tap", "user"} {
+		b.Run(mode, func(b *testing.B) {
+			ns := newTestNetns(b)
+			var tap *os.File
+			if mode == "tap" {
+				ns.do(b, func() error {
+					var err error
+					if tap, err = openTap("smvb0"); err != nil {
+						return err
+					}
+					link, err := netlink.LinkByName("smvb0")
+					if err != nil {
+						return err
+					}
+					return netlink.LinkSetUp(link)
+				})
+				b.Cleanup(func() { tap.Close() })
+			}
+			var boot time.Duration
+			setupMs := 0
+			for i := 0; i < b.N; i++ {
+				runs++
+				cfg := jobConfig("bench", e.stateDir(b, fmt.Sprintf("state-%d", runs)), e.disk)
+				cfg.Debug = true // the agent logs when Setup arrived
+				guest := driver.GuestNetwork{MAC: guestMAC, Addr: netip.MustParsePrefix("10.0.2.15/24"), Gateway: netip.MustParseAddr("10.0.2.2")}
+				switch mode {
+				case "tap":
+					cfg.Network = &driver.Network{Tap: tap, NetNS: ns.f, Guest: guest}
+				case "user":
+					cfg.Network = &driver.Network{User: true, NetNS: ns.f, Guest: guest}
+				}
+				t0 := time.Now()
+				sb, err := e.driver(true).Start(ctx, cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				boot += time.Since(t0)
+				_ = sb.Stop(ctx)
+				// Setup's time on the guest's own clock (CLOCK_BOOTTIME,
+				// logged by the agent): the network's part of the boot,
+				// free of the host's start-up noise.
+				con, _ := os.ReadFile(filepath.Join(cfg.StateDir, "console.log"))
+				m0, m1 := setupReceived.FindSubmatch(con), setUpAt.FindSubmatch(con)
+				if m0 == nil || m1 == nil {
+					b.Fatalf("no Setup timing in the guest console:\n%s", con)
+				}
+				r0, _ := strconv.Atoi(string(m0[1]))
+				r1, _ := strconv.Atoi(string(m1[1]))
+				setupMs += r1 - r0
+			}
+			b.ReportMetric(float64(boot.Milliseconds())/float64(b.N), "ms/boot")
+			b.ReportMetric(float64(setupMs)/float64(b.N), "guest-ms/setup")
+		})
 	}
 }

@@ -65,7 +65,7 @@ func netArgs(n *NetDevice, bus string) ([]string, error) {
 // use it: under KVM (vhost-net signals the guest through KVM's irqfd), and
 // when the device exists. The supervisor (root) opens it and QEMU gets the
 // descriptor, as libvirt does: the job's identity need not be able to open
-// the node (root-only 0600 on Debian). nil: vhost=off.
+// the node (0660 root:kvm by Debian's udev rules). nil: vhost=off.
 func openVhost(accel string) (*os.File, error) {
 	if accel != "kvm" {
 		return nil, nil

@@ -58,4 +58,42 @@
 //     guest NTP or PTP (ptp_kvm) client, which needs KVM and a network or
 //     more kernel modules, and gives nothing at the first instruction of a
 //     workload started right after the boot.
+//   - Network (SetupRequest.network): static configuration from the
+//     launcher, applied in Setup after the root and the shares and before
+//     any process starts: the interface, its MTU, address and up, lo up,
+//     the default route via the gateway and the routes, permanent neighbor
+//     entries for the step's other guests, then /etc/hosts and (with name
+//     servers only) /etc/resolv.conf. Alternative: DHCP in the guest (a
+//     client in the agent or the image, a server per step on the host);
+//     rejected: the launcher already derives every address from the node
+//     and the step, a DHCP exchange adds round trips to every boot and a
+//     server to every node, and an image's own client could ask for
+//     something else. Every field is checked again in the guest
+//     (parseNetwork: unicast MACs, host address, on-link gateway, next
+//     hops and neighbors, canonical route prefixes, RFC 1123 names, at most
+//     three name servers) before anything is mounted, and a bad one fails
+//     Setup naming the field.
+//   - The interface is the one whose MAC is network.mac (the VMM's
+//     -device ...,mac=), not "eth0" or the first non-loopback link: names
+//     depend on probe order and the kernel, and a GPU step's q35 machine
+//     can carry passed-through NICs too. None with that MAC fails Setup
+//     naming it and the interfaces seen. Its modules (virtio_net,
+//     net_failover, failover: launcher/assets NetModules) load only for a
+//     step with a network. Setup waits for the carrier (IFF_LOWER_UP), not
+//     operstate "up", which the kernel's link watch sets up to a second
+//     later while the queue already sends (about 1 s of boot measured).
+//   - /etc/hosts and /etc/resolv.conf are written into the root's overlay
+//     (its tmpfs upper layer, discarded with the guest), not bind-mounted
+//     over the image's files: a bind mount needs a file to mount on (an
+//     image may lack /etc, or ship resolv.conf as a dangling symlink into
+//     /run), and a mount over a symlink would follow it. /etc is resolved
+//     inside the root (guestpath: an image symlink cannot send the write
+//     outside) and created when missing; each file is written beside the
+//     target and renamed over it, which replaces a symlink rather than
+//     following it. With a network, /etc/hosts is replaced, not merged:
+//     it maps the step's node names, and an image line must not redirect
+//     one; the guest's own host name maps to its interface address, not a
+//     loopback one, because MPI libraries publish the address their host
+//     name resolves to. Without a network the image's file is kept and
+//     only localhost and the host name (127.0.1.1) are added.
 package guest
