@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/pci"
 )
 
 // The rules a GPU can break. Every error Plan, Bind, Release and Inspect
@@ -109,39 +111,7 @@ func (e *DeviceError) Unwrap() []error {
 	return []error{e.Rule}
 }
 
-// ListError is several errors reported as one line ("; "-separated), as a
-// step's error file wants them. errors.Is and errors.As look into each.
-type ListError struct {
-	// What prefixes the line ("GPUs 0,1").
-	What string
-	Errs []error
-}
+// ListError is several errors as one line (package pci).
+type ListError = pci.ListError
 
-func (e *ListError) Error() string {
-	parts := make([]string, len(e.Errs))
-	for i, err := range e.Errs {
-		parts[i] = err.Error()
-	}
-	s := strings.Join(parts, "; ")
-	if e.What != "" {
-		s = e.What + ": " + s
-	}
-	return s
-}
-
-// Unwrap returns the errors.
-func (e *ListError) Unwrap() []error { return e.Errs }
-
-// joinErrors is nil for no errors, the error itself for one, a *ListError
-// for more.
-func joinErrors(what string, errs []error) error {
-	switch len(errs) {
-	case 0:
-		return nil
-	case 1:
-		if what == "" {
-			return errs[0]
-		}
-	}
-	return &ListError{What: what, Errs: errs}
-}
+func joinErrors(what string, errs []error) error { return pci.JoinErrors(what, errs) }

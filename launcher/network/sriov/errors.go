@@ -3,7 +3,8 @@ package sriov
 import (
 	"errors"
 	"fmt"
-	"strings"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/pci"
 )
 
 // The rules a VF plan can break. Every error NewPlan, Bind, Release and
@@ -108,36 +109,7 @@ func (e *DeviceError) Unwrap() []error {
 	return []error{e.Rule}
 }
 
-// ListError is several errors as one line ("; "-separated) for the
-// step's error file; errors.Is looks into each.
-type ListError struct {
-	What string
-	Errs []error
-}
+// ListError is several errors as one line (package pci).
+type ListError = pci.ListError
 
-func (e *ListError) Error() string {
-	parts := make([]string, len(e.Errs))
-	for i, err := range e.Errs {
-		parts[i] = err.Error()
-	}
-	s := strings.Join(parts, "; ")
-	if e.What != "" {
-		s = e.What + ": " + s
-	}
-	return s
-}
-
-// Unwrap returns the errors.
-func (e *ListError) Unwrap() []error { return e.Errs }
-
-func joinErrors(what string, errs []error) error {
-	switch len(errs) {
-	case 0:
-		return nil
-	case 1:
-		if what == "" {
-			return errs[0]
-		}
-	}
-	return &ListError{What: what, Errs: errs}
-}
+func joinErrors(what string, errs []error) error { return pci.JoinErrors(what, errs) }
