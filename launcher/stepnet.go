@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
-	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/hostlist"
 	"github.com/slurm-microvm/slurm-microvm/launcher/network"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
@@ -51,7 +51,7 @@ func (l *Launcher) planNetwork(ctx context.Context, s *Spec, d state.Dir, log *s
 	nothing := func() {}
 	names := []string{s.ID.Node}
 	if s.Nodes != "" {
-		if names, err = gpu.ExpandHostlist(s.Nodes); err != nil {
+		if names, err = hostlist.Expand(s.Nodes); err != nil {
 			return nil, nil, fmt.Errorf("step network: SLURM_STEP_NODELIST: %w", err)
 		}
 	}

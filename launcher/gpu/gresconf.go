@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/hostlist"
 )
 
 // DefaultGresConf is where slurmd reads gres.conf on Debian's packages.
@@ -142,7 +144,7 @@ func (c *GresConf) parseInto(path string, data []byte, read readFunc, depth int,
 		}
 		applies := true
 		if nn, ok := kv["nodename"]; ok {
-			names, err := ExpandHostlist(nn)
+			names, err := hostlist.Expand(nn)
 			if err != nil {
 				return bad("NodeName: %v", err)
 			}
@@ -189,7 +191,7 @@ func (c *GresConf) addGPULine(path string, ll logicalLine, kv map[string]string,
 	entry := strings.Join(strings.Fields(ll.text), " ")
 	dev := GresDevice{Type: kv["type"], Source: path, Line: ll.line, Entry: entry}
 	if hasMulti {
-		files, err := ExpandHostlist(multi)
+		files, err := hostlist.Expand(multi)
 		if err != nil {
 			return bad("MultipleFiles: %v", err)
 		}
@@ -208,7 +210,7 @@ func (c *GresConf) addGPULine(path string, ll logicalLine, kv map[string]string,
 		c.Devices = append(c.Devices, dev)
 		return nil
 	}
-	files, err := ExpandHostlist(file)
+	files, err := hostlist.Expand(file)
 	if err != nil {
 		return bad("File: %v", err)
 	}

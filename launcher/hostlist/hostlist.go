@@ -1,4 +1,6 @@
-package gpu
+// Package hostlist expands Slurm hostlist expressions ("n[01-04],big1"),
+// as slurm.conf(5), gres.conf(5) and SLURM_STEP_NODELIST write them.
+package hostlist
 
 import (
 	"fmt"
@@ -10,13 +12,13 @@ import (
 // must not allocate gigabytes).
 const maxExpand = 65536
 
-// ExpandHostlist expands a Slurm hostlist expression as gres.conf(5) uses
+// Expand expands a Slurm hostlist expression as gres.conf(5) uses
 // for NodeName= and File=: a comma-separated list whose items may hold
 // bracketed ranges and lists, e.g. "/dev/nvidia[0-3]",
 // "/dev/nvidia[0,2-3]", "gpu[01-04],big1". A range keeps the zero padding
 // of its lower bound ("[01-10]" gives 01..10). Several bracket groups in one
 // item expand to their product, in order. Errors name the expression.
-func ExpandHostlist(expr string) ([]string, error) {
+func Expand(expr string) ([]string, error) {
 	var out []string
 	items, err := splitTopLevel(expr)
 	if err != nil {
