@@ -14,6 +14,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 func TestNetworkSetup(t *testing.T) {
@@ -66,7 +67,7 @@ func TestNetworkSetup(t *testing.T) {
 // in the original one.
 func TestStartInNetns(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("setns needs root")
+		prereq.Root(t, "setns")
 	}
 	self, err := os.Readlink("/proc/thread-self/ns/net")
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // TestSetupTwoNodes: SetupWith(t, TwoNodes) installs the plugin on the
@@ -15,7 +17,7 @@ import (
 // network namespaces.
 func TestSetupTwoNodes(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: builds and installs the launcher")
+		prereq.OptIn(t, "-short: builds and installs the launcher")
 	}
 	e := SetupWith(t, TwoNodes)
 	if got := e.Nodes(); !slices.Equal(got, []string{"n1", "n2"}) {

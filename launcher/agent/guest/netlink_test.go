@@ -13,6 +13,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // inNewNetns runs fn on a thread in a fresh network namespace (never the
@@ -20,7 +22,7 @@ import (
 func inNewNetns(t *testing.T, fn func() error) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
+		prereq.Root(t, "network namespaces")
 	}
 	errc := make(chan error, 1)
 	go func() {
