@@ -315,8 +315,20 @@ func setupStep(ctx context.Context, p *Plan) (*Attachment, error) {
 	}
 	// The host answers no ARP on the bridge (the guest has the gateway
 	// as a permanent neighbour); a per-device sysctl, not a host-wide one.
-	if err := writeSys(filepath.Join("ipv4/conf", n.Bridge, "arp_ignore"), "8"); err != nil {
-		return a, err
+	// The ports too: ARP to a link-local group MAC skips the bridge and
+	// reaches the port's own ARP (replies, neighbour entries).
+	for _, dev := range []string{n.Bridge, n.Tap, n.VXLAN} {
+		if err := writeSys(filepath.Join("ipv4/conf", dev, "arp_ignore"), "8"); err != nil {
+			return a, err
+		}
+	}
+	// Strict reverse-path filtering on the ports drops IPv4 that reaches
+	// their own stack that way (nothing routes via a port), whatever the
+	// host's default (0 in a fresh namespace, often on multi-rail nodes).
+	for _, dev := range []string{n.Tap, n.VXLAN} {
+		if err := writeSys(filepath.Join("ipv4/conf", dev, "rp_filter"), "1"); err != nil {
+			return a, err
+		}
 	}
 	if len(p.Services) > 0 {
 		addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(gw.AsSlice()), Mask: net.CIDRMask(p.Guest.Addr.Bits(), 32)}}

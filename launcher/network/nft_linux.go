@@ -143,12 +143,30 @@ func stepInetFence(c *nftables.Conn, p *Plan) {
 	f := newFence(c, nftables.TableFamilyINet, p.Names.Table)
 	br := p.Names.Bridge
 	in := f.chain("input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter)
-	f.rule(in, join(iif(br), []expr.Any{verdict(expr.VerdictDrop)})...)
+	// The ports too: frames to a link-local group MAC (01:80:c2:00:00:0X)
+	// skip the bridge's hooks and reach the port's own stack.
+	for _, dev := range []string{br, p.Names.Tap, p.Names.VXLAN} {
+		f.rule(in, join(iif(dev), []expr.Any{verdict(expr.VerdictDrop)})...)
+	}
+
+	underlayFence(f, in, p)
 
 	fw := f.chain("forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)
+	for _, dev := range []string{p.Names.Tap, p.Names.VXLAN} {
+		f.rule(fw, join(iif(dev), []expr.Any{verdict(expr.VerdictDrop)})...)
+	}
 	// Bridged traffic seen here through br_netfilter enters and leaves
 	// by the bridge: the bridge-family table fenced it already.
 	f.rule(fw, join(iif(br), oif(br), []expr.Any{verdict(expr.VerdictAccept)})...)
+	if len(p.Services) > 0 {
+		// Each flow to a service is a conntrack entry of the node's
+		// namespace, whose table slurmd's connections share: a step
+		// holds at most MaxServiceConns at a time.
+		f.rule(fw, join(iif(br), []expr.Any{
+			&expr.Connlimit{Count: MaxServiceConns, Flags: expr.NFT_CONNLIMIT_F_INV},
+			verdict(expr.VerdictDrop),
+		})...)
+	}
 	for _, s := range p.Services {
 		e := join(iif(br), ipv4(), ipPrefix(16, s.Prefix))
 		proto := byte(unix.IPPROTO_TCP)
@@ -168,6 +186,36 @@ func stepInetFence(c *nftables.Conn, p *Plan) {
 		nat := f.chain("postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)
 		f.rule(nat, join(iif(br), notOif(br), ipv4(), ipPrefix(12, p.Guest.Addr.Masked()), []expr.Any{&expr.Masq{}})...)
 	}
+}
+
+// MaxServiceConns bounds the connections one step's guests hold open to
+// the services at a time (nftables connlimit; more are dropped).
+const MaxServiceConns = 4096
+
+// vxlanToPort matches IPv4 UDP to the underlay's VXLAN port.
+func vxlanToPort(port uint16) []expr.Any {
+	return join(ipv4(), metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{unix.IPPROTO_UDP}),
+		payloadCmp(expr.PayloadBaseTransportHeader, 2, 2, expr.CmpOpEq, binary.BigEndian.AppendUint16(nil, port)))
+}
+
+// underlayFence guards the step's VXLAN segment on the underlay, which the
+// kernel does not: it checks neither a packet's outer source address nor
+// its port, so anyone who can send UDP to the node's VXLAN port could put
+// frames on the segment (the VNI and the guests' MACs follow from the job
+// id). Input: VXLAN packets carrying the step's VNI (the header's bytes
+// 4-6, after the 8-byte UDP header) only from the step's other nodes.
+// Output: while the step runs, no process but root's (the kernel's VXLAN
+// socket is root's) sends to the VXLAN port from this node, so a user on a
+// peer node cannot forge a peer's packets either.
+func underlayFence(f *fence, in *nftables.Chain, p *Plan) {
+	vni := []byte{byte(p.VNI >> 16), byte(p.VNI >> 8), byte(p.VNI)}
+	ours := join(vxlanToPort(p.VXLANPort), payloadCmp(expr.PayloadBaseTransportHeader, 12, 3, expr.CmpOpEq, vni))
+	for _, peer := range p.Peers {
+		f.rule(in, join(ours, ipPrefix(12, netip.PrefixFrom(peer.Underlay, 32)), []expr.Any{verdict(expr.VerdictAccept)})...)
+	}
+	f.rule(in, join(ours, []expr.Any{verdict(expr.VerdictDrop)})...)
+	out := f.chain("output", nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter)
+	f.rule(out, join(vxlanToPort(p.VXLANPort), metaCmp(expr.MetaKeySKUID, expr.CmpOpNeq, []byte{0, 0, 0, 0}), []expr.Any{verdict(expr.VerdictDrop)})...)
 }
 
 // replyOnly lets toward dev only what belongs to a connection the other
@@ -192,6 +240,14 @@ func userInetFence(c *nftables.Conn, p *Plan, slot netip.Prefix) {
 	f.rule(in, join(iif(v), []expr.Any{verdict(expr.VerdictDrop)})...)
 
 	fw := f.chain("forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)
+	// Never the VXLAN port of any node, allowed destinations included: a
+	// masqueraded packet leaves with the node's address, which the other
+	// nodes' underlay fences trust.
+	port := p.VXLANPort
+	if port == 0 {
+		port = DefaultVXLANPort
+	}
+	f.rule(fw, join(iif(v), vxlanToPort(port), []expr.Any{verdict(expr.VerdictDrop)})...)
 	for _, a := range p.UserAllow {
 		f.rule(fw, join(iif(v), ipv4(), ipPrefix(16, a), []expr.Any{verdict(expr.VerdictAccept)})...)
 	}
