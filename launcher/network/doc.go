@@ -53,7 +53,7 @@
 //     (node names: [A-Za-z0-9._-], last so that it parses).
 //   - User mode: the guest sees QEMU slirp's 10.0.2.15/24, gateway
 //     10.0.2.2, DNS 10.0.2.3, MAC 02:4d:0a:00:02:0f. On the host, a /30
-//     of [network] user_subnet (default 100.64.0.0/16): slot
+//     of [network.user] subnet (default 100.64.0.0/16): slot
 //     SHA-256(alias) mod (number of /30s), the next free one on a
 //     collision; the node end is .1 (smv...v), the namespace end .2
 //     (eth0, default route via .1).
@@ -84,7 +84,7 @@
 // the services. In user mode the same for the veth: input drops; forward
 // from it drops toward 10/8, 172.16/12, 192.168/16, 100.64/10,
 // 169.254/16, 127/8, the user subnet and the step's node addresses unless
-// the destination is in [network] user_allow, passes other IPv4, drops
+// the destination is in [network.user] allow, passes other IPv4, drops
 // IPv6; masquerade out.
 //
 // The underlay is trusted as the node network is (munge and slurmd
@@ -144,7 +144,7 @@
 //     nothing. Leaving the namespace goes through a veth that the host
 //     fences and masquerades like any other tenant. A resolver on the
 //     node's loopback is then out of reach; list the site's resolver in
-//     user_allow if it is on a private address. The namespace is made by
+//     [network.user] allow if it is on a private address. The namespace is made by
 //     unshare on a thread that is never reused (the runtime ends it), held
 //     by an fd (Attachment.Network.NetNS) until the VMM is in it; it and
 //     its veth vanish with the VMM.
