@@ -70,7 +70,7 @@ func (l *Launcher) planNetwork(ctx context.Context, s *Spec, d state.Dir, log *s
 	case network.User:
 		req.UserSubnet, req.UserAllow = nc.ParsedUserSubnet(), nc.ParsedUserAllow()
 		if len(names) > 1 {
-			return nil, nil, fmt.Errorf("--microvm-network=user: user mode is outbound NAT for one-node steps, and this step has %d nodes (%s): use --microvm-network=step for a network between them", len(names), s.Nodes)
+			return nil, nil, fmt.Errorf("network mode user (%s): user mode is outbound NAT for one-node steps, and this step has %d nodes (%s): use --microvm-network=step for a network between them", modeOrigin(s), len(names), s.Nodes)
 		}
 	case network.Step:
 		if len(names) <= 1 && len(services) == 0 {
@@ -195,4 +195,12 @@ func parseNodeAddrs(out []byte) (map[string]string, error) {
 		return nil, fmt.Errorf("node addresses: scontrol printed no NodeName=/NodeAddr= line: %q", strings.TrimSpace(string(out)))
 	}
 	return m, nil
+}
+
+// modeOrigin names where a step's network mode came from, for errors.
+func modeOrigin(s *Spec) string {
+	if s.Network != "" {
+		return "--microvm-network=" + s.Network
+	}
+	return "the site's [network] mode"
 }

@@ -30,6 +30,7 @@ func TestParseNodeAddrs(t *testing.T) {
 func TestPlanNetworkModes(t *testing.T) {
 	tests := []struct {
 		name, mode, nodes, node string
+		siteMode                string
 		allow                   []string
 		wantErr                 string
 		wantNone                bool
@@ -38,6 +39,7 @@ func TestPlanNetworkModes(t *testing.T) {
 		{name: "one-node step", mode: "", nodes: "n1", node: "n1", wantNone: true},
 		{name: "user not allowed", mode: "user", nodes: "n1", node: "n1", wantErr: `"user" is not allowed on this cluster`},
 		{name: "user multi-node", mode: "user", nodes: "n[1-2]", node: "n1", allow: []string{"user"}, wantErr: "user mode is outbound NAT for one-node steps, and this step has 2 nodes"},
+		{name: "user by the site, multi-node", siteMode: "user", nodes: "n[1-2]", node: "n1", wantErr: "network mode user (the site's [network] mode): user mode is outbound NAT"},
 		{name: "bad mode", mode: "host", nodes: "n1", node: "n1", wantErr: `"host" is not a mode`},
 		{name: "bad nodelist", mode: "step", nodes: "n[2-1]", node: "n1", wantErr: "SLURM_STEP_NODELIST"},
 		{name: "no node name", mode: "step", nodes: "n[1-2]", node: "", wantErr: "no Slurm node name"},
@@ -48,6 +50,9 @@ func TestPlanNetworkModes(t *testing.T) {
 			cfg.RuntimeDir = t.TempDir()
 			if tt.allow != nil {
 				cfg.Network.Allow = tt.allow
+			}
+			if tt.siteMode != "" {
+				cfg.Network.Mode = tt.siteMode
 			}
 			l := &Launcher{Config: &cfg}
 			s := &Spec{ID: state.StepID{Job: 3, Node: tt.node}, Nodes: tt.nodes, Network: tt.mode}

@@ -189,9 +189,23 @@ func checkNetwork(n *Network, bad func(key, format string, a ...any)) {
 	if n.MTU != 0 && (n.MTU < 576 || n.MTU > 65535) {
 		bad("network.mtu", "%d must be 0 (from the underlay) or 576-65535", n.MTU)
 	}
+	subnet, subnetErr := parsePrefix(n.Subnet)
+	userSubnet, userErr := parsePrefix(n.User.Subnet)
+	if subnetErr == nil && userErr == nil && subnet.Overlaps(userSubnet) {
+		bad("network.user.subnet", "%s overlaps [network] subnet %s: the two must be disjoint", userSubnet, subnet)
+	}
+	// The per-step links get host routes on the node: a user subnet
+	// outside private and shared address space would take over routes to
+	// real destinations.
+	if userErr == nil && !privateSpace(userSubnet) {
+		bad("network.user.subnet", "%s is not inside private (RFC 1918: 10/8, 172.16/12, 192.168/16) or shared (RFC 6598: 100.64/10) address space: its per-step routes would shadow real destinations", userSubnet)
+	}
 	for i, s := range n.Services {
-		if _, err := parsePrefix(s.Prefix); err != nil {
+		p, err := parsePrefix(s.Prefix)
+		if err != nil {
 			bad("network.services", "entry %d: prefix: %v", i+1, err)
+		} else if subnetErr == nil && p.Overlaps(subnet) {
+			bad("network.services", "entry %d: prefix %s lies in [network] subnet %s, the guests' own addresses: a service must be outside it", i+1, p, subnet)
 		}
 		if s.Proto != "tcp" && s.Proto != "udp" {
 			bad("network.services", "entry %d: proto %q must be tcp or udp", i+1, s.Proto)
@@ -206,4 +220,15 @@ func checkNetwork(n *Network, bad func(key, format string, a ...any)) {
 	if err := n.SRIOV.Validate(); err != nil {
 		bad("network.sriov.pfs", "%v", err)
 	}
+}
+
+// privateSpace tells whether p lies inside RFC 1918 or RFC 6598 space.
+func privateSpace(p netip.Prefix) bool {
+	for _, r := range []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"} {
+		q := netip.MustParsePrefix(r)
+		if q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
 }

@@ -37,6 +37,9 @@ allow = ["10.1.2.0/24"]
 		{name: "service prefix", toml: "[[network.services]]\nprefix = \"dns\"\nproto = \"udp\"", wantErr: `entry 1: prefix: "dns" is not an IPv4 address`},
 		{name: "user allow", toml: "[network.user]\nallow = [\"x\"]", wantErr: "network.user.allow: entry 1"},
 		{name: "unknown key", toml: "[network]\nmodes = \"step\"", wantErr: "network.modes: unknown key"},
+		{name: "service in the guest subnet", toml: "[[network.services]]\nprefix = \"10.224.0.53\"\nproto = \"udp\"", wantErr: "entry 1: prefix 10.224.0.53/32 lies in [network] subnet 10.224.0.0/16"},
+		{name: "user subnet overlaps", toml: "[network]\nsubnet = \"100.64.0.0/16\"", wantErr: "network.user.subnet: 100.64.0.0/16 overlaps [network] subnet"},
+		{name: "user subnet public", toml: "[network.user]\nsubnet = \"0.0.0.0/0\"", wantErr: "is not inside private (RFC 1918"},
 		{name: "sriov pfs", toml: "[network.sriov]\npfs = [\"ib0\", \"ib0\"]", wantErr: `network.sriov.pfs: `},
 		{name: "sriov ok", toml: "[network.sriov]\npfs = [\"0000:3b:00.0\", \"mlx5_0\"]\nallow_rebind = true"},
 	}

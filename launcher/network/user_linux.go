@@ -76,7 +76,7 @@ func userSlot(p *Plan) (netip.Prefix, error) {
 			return pfx, nil
 		}
 	}
-	return netip.Prefix{}, fmt.Errorf("network: every /30 of [network] user_subnet %v is in use on this node: give a larger user_subnet", p.UserSubnet)
+	return netip.Prefix{}, fmt.Errorf("network: every /30 of [network.user] subnet %v is in use on this node: give a larger [network.user] subnet", p.UserSubnet)
 }
 
 // setupUser makes User mode's objects: the namespace the VMM runs in,
@@ -189,5 +189,5 @@ func claimSlot(p *Plan, l netlink.Link) (netip.Prefix, error) {
 			return netip.Prefix{}, fmt.Errorf("network: moving off %v/30 on %s (taken at the same time): %w", hostIP, l.Attrs().Name, err)
 		}
 	}
-	return netip.Prefix{}, fmt.Errorf("network: no free /30 of [network] user_subnet %v after 16 tries: give a larger user_subnet", p.UserSubnet)
+	return netip.Prefix{}, fmt.Errorf("network: no free /30 of [network.user] subnet %v after 16 tries: give a larger [network.user] subnet", p.UserSubnet)
 }

@@ -185,8 +185,8 @@ func TestUserSlots(t *testing.T) {
 	r := userReq(3)
 	r.UserSubnet = small
 	p, _ := NewPlan(r)
-	if _, err := Setup(context.Background(), p, nil); err == nil || !strings.Contains(err.Error(), "user_subnet") {
-		t.Fatalf("third step in a /29: %v, want an error naming user_subnet", err)
+	if _, err := Setup(context.Background(), p, nil); err == nil || !strings.Contains(err.Error(), "[network.user] subnet") {
+		t.Fatalf("third step in a /29: %v, want an error naming [network.user] subnet", err)
 	}
 	if _, err := netlink.LinkByName(p.Names.Veth); err == nil {
 		t.Errorf("the refused step left its veth")
