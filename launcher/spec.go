@@ -49,6 +49,11 @@ type Spec struct {
 	// Nodes is SLURM_STEP_NODELIST, the step's nodes (a Slurm hostlist);
 	// "" for a step with no Slurm node list (`slurm-microvm run`).
 	Nodes string `json:"nodes,omitempty"`
+	// NNodes and NodeIndex are slurmstepd's S_JOB_NNODES and S_JOB_NODEID
+	// (NNodes 0: unknown): Nodes comes from the job's environment, which
+	// a modified srun controls, so the network checks it against them.
+	NNodes    int `json:"nnodes,omitempty"`
+	NodeIndex int `json:"node_index,omitempty"`
 	// Network is --microvm-network as the user gave it; "": the site's
 	// default ([network] mode).
 	Network string `json:"network,omitempty"`

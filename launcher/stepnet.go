@@ -55,6 +55,11 @@ func (l *Launcher) planNetwork(ctx context.Context, s *Spec, d state.Dir, log *s
 			return nil, nil, fmt.Errorf("step network: SLURM_STEP_NODELIST: %w", err)
 		}
 	}
+	if s.NNodes > 0 {
+		if len(names) != s.NNodes || s.NodeIndex < 0 || s.NodeIndex >= len(names) || names[s.NodeIndex] != s.ID.Node {
+			return nil, nil, fmt.Errorf("step network: SLURM_STEP_NODELIST %q (%d nodes) does not match slurmstepd's step (%d nodes, this node %s at index %d): the job's environment was altered", s.Nodes, len(names), s.NNodes, s.ID.Node, s.NodeIndex)
+		}
+	}
 	var services []network.Service
 	for _, sv := range nc.ParsedServices() {
 		services = append(services, network.Service{Prefix: sv.Prefix, Proto: sv.Proto, Port: sv.Port})

@@ -31,6 +31,7 @@ func TestPlanNetworkModes(t *testing.T) {
 	tests := []struct {
 		name, mode, nodes, node string
 		siteMode                string
+		nnodes, index           int
 		allow                   []string
 		wantErr                 string
 		wantNone                bool
@@ -40,6 +41,8 @@ func TestPlanNetworkModes(t *testing.T) {
 		{name: "user not allowed", mode: "user", nodes: "n1", node: "n1", wantErr: `"user" is not allowed on this cluster`},
 		{name: "user multi-node", mode: "user", nodes: "n[1-2]", node: "n1", allow: []string{"user"}, wantErr: "user mode is outbound NAT for one-node steps, and this step has 2 nodes"},
 		{name: "user by the site, multi-node", siteMode: "user", nodes: "n[1-2]", node: "n1", wantErr: "network mode user (the site's [network] mode): user mode is outbound NAT"},
+		{name: "node list longer than the step", mode: "step", nodes: "n[1-3]", node: "n1", nnodes: 2, wantErr: "does not match slurmstepd's step (2 nodes"},
+		{name: "node list without this node at its index", mode: "step", nodes: "n[1-2]", node: "n1", nnodes: 2, index: 1, wantErr: "this node n1 at index 1"},
 		{name: "bad mode", mode: "host", nodes: "n1", node: "n1", wantErr: `"host" is not a mode`},
 		{name: "bad nodelist", mode: "step", nodes: "n[2-1]", node: "n1", wantErr: "SLURM_STEP_NODELIST"},
 		{name: "no node name", mode: "step", nodes: "n[1-2]", node: "", wantErr: "no Slurm node name"},
@@ -55,7 +58,7 @@ func TestPlanNetworkModes(t *testing.T) {
 				cfg.Network.Mode = tt.siteMode
 			}
 			l := &Launcher{Config: &cfg}
-			s := &Spec{ID: state.StepID{Job: 3, Node: tt.node}, Nodes: tt.nodes, Network: tt.mode}
+			s := &Spec{ID: state.StepID{Job: 3, Node: tt.node}, Nodes: tt.nodes, Network: tt.mode, NNodes: tt.nnodes, NodeIndex: tt.index}
 			d := state.Dir{Root: cfg.RuntimeDir, ID: s.ID}
 			n, done, err := l.planNetwork(context.Background(), s, d, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			if tt.wantErr != "" {

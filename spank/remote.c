@@ -329,8 +329,20 @@ int mv_remote_init_post_opt(spank_t sp)
 	if (mv_getenv(sp, "SLURM_STEP_NODELIST", nodes, sizeof(nodes)) < 0)
 		goto out;
 	if (nodes[0]) {
+		uint32_t nnodes = 0, nodeid = 0;
+
 		mv_argv_add(&a, "--nodes");
 		mv_argv_add(&a, nodes);
+		/* slurmstepd's own view, which the job's environment cannot
+		 * change: the launcher checks the list against it. */
+		if (spank_get_item(sp, S_JOB_NNODES, &nnodes) == ESPANK_SUCCESS &&
+		    spank_get_item(sp, S_JOB_NODEID, &nodeid) == ESPANK_SUCCESS &&
+		    nnodes > 0) {
+			mv_argv_add(&a, "--nnodes");
+			mv_argv_addf(&a, "%u", nnodes);
+			mv_argv_add(&a, "--node-index");
+			mv_argv_addf(&a, "%u", nodeid);
+		}
 	}
 	/* slurmstepd's slurm.conf, for the launcher's scontrol (node
 	 * addresses of the step network); the launcher runs with a clean

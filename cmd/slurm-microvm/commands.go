@@ -182,6 +182,8 @@ func prepareCommand() *cli.Command {
 			&cli.StringFlag{Name: "mounts"}, &cli.StringFlag{Name: "workdir"}, &cli.StringFlag{Name: "mpi"},
 			&cli.StringFlag{Name: "mounts-env", Usage: "SLURM_MICROVM_MOUNTS of the job, used when --mounts is not given"},
 			&cli.StringFlag{Name: "nodes", Usage: "SLURM_STEP_NODELIST: the step's nodes (hostlist)"},
+			&cli.IntFlag{Name: "nnodes", Usage: "S_JOB_NNODES: the step's node count, as slurmstepd knows it (0: unknown)"},
+			&cli.IntFlag{Name: "node-index", Usage: "S_JOB_NODEID: this node's index in the step"},
 			&cli.StringFlag{Name: "network", Usage: "--microvm-network: the step network mode"},
 			&cli.PathFlag{Name: "slurm-conf", Usage: "slurm.conf of the node's slurmd (SLURM_CONF), for scontrol"},
 		),
@@ -243,7 +245,8 @@ func prepareCommand() *cli.Command {
 				MemPerNodeMiB: perNode, MemPerCPUMiB: perCPU,
 				LocalTasks: c.Int("tasks"), Hostname: host, Debug: c.Bool("debug"),
 				Mounts: mounts, MountsOrigin: origin, Workdir: workdir, MPI: c.String("mpi"),
-				Nodes: c.String("nodes"), Network: c.String("network"), SlurmConf: c.String("slurm-conf"),
+				Nodes: c.String("nodes"), NNodes: c.Int("nnodes"), NodeIndex: c.Int("node-index"),
+				Network: c.String("network"), SlurmConf: c.String("slurm-conf"),
 			}
 			l := &launcher.Launcher{Config: cfg}
 			if err := l.Prepare(c.Context, s); err != nil {

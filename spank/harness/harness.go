@@ -73,6 +73,8 @@ type Job struct {
 	Cores      *string  // S_STEP_ALLOC_CORES
 	MemMB      *uint64  // S_STEP_ALLOC_MEM
 	LocalTasks *uint32  // S_JOB_LOCAL_TASK_COUNT
+	NNodes     *uint32  // S_JOB_NNODES
+	NodeID     *uint32  // S_JOB_NODEID
 	// JobMem is job_info_t.pn_min_memory as slurm_load_job reports it
 	// (MEM_PER_CPU flag included); nil makes slurm_load_job fail.
 	JobMem *uint64
@@ -110,6 +112,8 @@ func NewHost(job Job, args ...string) *Host {
 	setU32(C.S_JOB_UID, job.UID)
 	setU32(C.S_JOB_GID, job.GID)
 	setU32(C.S_JOB_LOCAL_TASK_COUNT, job.LocalTasks)
+	setU32(C.S_JOB_NNODES, job.NNodes)
+	setU32(C.S_JOB_NODEID, job.NodeID)
 	if job.MemMB != nil {
 		C.fake_set_u64(C.S_STEP_ALLOC_MEM, C.uint64_t(*job.MemMB))
 	}

@@ -340,6 +340,7 @@ func TestRemoteStep(t *testing.T) {
 			job: func() Job {
 				j := remoteJob()
 				j.Env["SLURM_STEP_NODELIST"] = "n[7-8]"
+				j.NNodes, j.NodeID = U32(2), U32(0)
 				return j
 			},
 			opts: []option{
@@ -350,7 +351,7 @@ func TestRemoteStep(t *testing.T) {
 			prepare: []string{"prepare", "--job", "42", "--step", "3", "--restart", "1", "--node", "n7",
 				"--uid", uid, "--gid", gid, "--groups", "10,20", "--user", user,
 				"--image", "/images/a.img", "--cores", "0-3", "--mem-mb", "2048",
-				"--gpus", "1,3", "--tasks", "2", "--nodes", "n[7-8]",
+				"--gpus", "1,3", "--tasks", "2", "--nodes", "n[7-8]", "--nnodes", "2", "--node-index", "0",
 				"--debug", "--mounts", "/data:/data:ro", "--workdir", "/work", "--mpi", "pmix", "--network", "step"},
 			stepArgs: []string{"--job", "42", "--step", "3", "--restart", "1", "--node", "n7"},
 			state:    "42.3.1.n7",
