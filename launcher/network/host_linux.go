@@ -248,7 +248,10 @@ func setupStep(ctx context.Context, p *Plan) (*Attachment, error) {
 	}
 
 	// Bridge: MAC 02:4d:<gateway>, no address unless services.
-	bridge := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: n.Bridge, MTU: mtu, HardwareAddr: hw(MACOf(gw))}}
+	// No multicast snooping: a guest's IGMP joins would make forwarding
+	// entries; every frame follows the static entries only.
+	snoop := false
+	bridge := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: n.Bridge, MTU: mtu, HardwareAddr: hw(MACOf(gw))}, MulticastSnooping: &snoop}
 	if err := netlink.LinkAdd(bridge); err != nil {
 		return a, fmt.Errorf("network: creating bridge %s of step %q: %w", n.Bridge, n.Alias, err)
 	}
