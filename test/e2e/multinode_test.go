@@ -102,6 +102,70 @@ func TestE2EMultiNode(t *testing.T) {
 		fenceTest(t, e, nodes)
 	})
 
+	e.Run(t, "a guest root cannot reach its node's stack through a link-local group MAC", func(t *testing.T) {
+		// Frames to 01:80:c2:00:00:0X skip the bridge's hooks and reach
+		// the tap's own stack; the node must not answer or even count them.
+		before := map[string]int{}
+		for _, n := range nodes {
+			before[n] = inEchos(t, e, n)
+		}
+		hosts := []string{e.C.NodeAddr(nodes[0]), e.C.NodeAddr(nodes[1])}
+		out, errOut, code := e.Srun(t, "", append([]string{"-N2", "-l", "--microvm=" + e.Image, "sh", "-c", linkLocalAttack, "attack"}, hosts...)...)
+		if code != 0 || strings.Count(out, "attack-done") != 2 {
+			t.Fatalf("exit %d: %s\n%s", code, out, errOut)
+		}
+		if strings.Contains(out, "reply from") {
+			t.Errorf("a guest got an echo reply from a node address:\n%s", out)
+		}
+		for _, n := range nodes {
+			if after := inEchos(t, e, n); after > before[n] {
+				t.Errorf("node %s's own IP stack received %d echo requests from the guests", n, after-before[n])
+			}
+		}
+	})
+
+	e.Run(t, "a killed supervisor leaves nothing on either node", func(t *testing.T) {
+		job, cmd := startStep(t, e, "", "fault-sup", "-K", "-N2", "--microvm="+e.Image, "sleep", "300")
+		waitReady(t, e, job, nodes)
+		sup, err := state.ReadProc(filepath.Join(harness.RuntimeDir, state.StepID{Job: uint32(job), Node: nodes[1]}.String(), state.SupervisorFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sup.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			t.Errorf("srun did not end within 2 min of the supervisor on %s being killed", nodes[1])
+			_ = e.C.Scancel(context.Background(), strconv.Itoa(job))
+			<-done
+		}
+		waitJobGone(t, e, job)
+	})
+
+	e.Run(t, "scancel while the step network is set up leaves nothing", func(t *testing.T) {
+		job, cmd := startStep(t, e, "", "fault-boot", "-N2", "--microvm="+e.Image, "sleep", "300")
+		dir := filepath.Join(harness.RuntimeDir, state.StepID{Job: uint32(job), Node: nodes[1]}.String())
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			if _, err := os.Stat(filepath.Join(dir, "network.json")); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no network record on %s within 2 min", nodes[1])
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err := e.C.Scancel(context.Background(), strconv.Itoa(job)); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		waitJobGone(t, e, job)
+	})
+
 	e.Run(t, "scancel leaves nothing on either node", func(t *testing.T) {
 		job, cmd := startStep(t, e, "", "fence-scancel", "-N2", "--microvm="+e.Image, "sleep", "300")
 		waitReady(t, e, job, nodes)
@@ -136,6 +200,51 @@ func TestE2EMultiNode(t *testing.T) {
 		}
 		waitJobGone(t, e, job)
 	})
+}
+
+// linkLocalAttack, run by a guest root with the nodes' addresses: a route
+// and a permanent neighbour entry send them to LLDP's group MAC, then
+// echo requests.
+const linkLocalAttack = `
+for h in "$@"; do
+  ip route add $h/32 dev eth0
+  ip neigh replace $h lladdr 01:80:c2:00:00:0e dev eth0 nud permanent
+done
+for i in $(seq 10); do for h in "$@"; do icmpecho $h 200ms >/dev/null 2>&1 && echo "reply from $h"; done; done
+echo attack-done
+`
+
+// inEchos reads node's Icmp InEchos counter (/proc/net/snmp of its
+// network namespace).
+func inEchos(t *testing.T, e *harness.Env, node string) int {
+	t.Helper()
+	cmd, err := e.C.NodeCommand(context.Background(), node, "cat", "/proc/net/snmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hdr []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(l, "Icmp: ") {
+			continue
+		}
+		f := strings.Fields(l)
+		if hdr == nil {
+			hdr = f
+			continue
+		}
+		for i, h := range hdr {
+			if h == "InEchos" && i < len(f) {
+				n, _ := strconv.Atoi(f[i])
+				return n
+			}
+		}
+	}
+	t.Fatalf("no Icmp InEchos in\n%s", out)
+	return 0
 }
 
 // runMPI runs mpi_hello in img with srun args, as root, and checks the
