@@ -208,7 +208,7 @@ func TestE2EMultiNode(t *testing.T) {
 const linkLocalAttack = `
 for h in "$@"; do
   ip route add $h/32 dev eth0
-  ip neigh replace $h lladdr 01:80:c2:00:00:0e dev eth0 nud permanent
+  arp -s $h 01:80:c2:00:00:0e || ip neigh replace $h lladdr 01:80:c2:00:00:0e dev eth0 nud permanent
 done
 for i in $(seq 10); do for h in "$@"; do icmpecho $h 200ms >/dev/null 2>&1 && echo "reply from $h"; done; done
 echo attack-done
