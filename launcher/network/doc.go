@@ -73,24 +73,41 @@
 //
 // The bridge answers no ARP (arp_ignore=8 on the device) and, with
 // services, holds the guest as a permanent neighbour, so no ARP is
-// needed in either direction.
+// needed in either direction. It does no multicast snooping (a guest's
+// IGMP joins would make forwarding entries).
 //
-// Inet table: input from the bridge drops (the node's own addresses and
-// services: slurmd, munge, sshd). Forward from the bridge to elsewhere
-// passes only toward the services (prefix, tcp/udp, port; 0 = any) and
-// drops otherwise, which covers other nodes' host addresses and other
-// steps' guests; forward toward the bridge passes only ct state
-// established,related. Postrouting masquerades the guests' traffic to
-// the services. In user mode the same for the veth: input drops; forward
-// from it drops toward 10/8, 172.16/12, 192.168/16, 100.64/10,
-// 169.254/16, 127/8, the user subnet and the step's node addresses unless
-// the destination is in [network.user] allow, passes other IPv4, drops
-// IPv6; masquerade out.
+// Frames to an IEEE 802.1D link-local group MAC (01:80:c2:00:00:0X) skip
+// the bridge's hooks (0x0e reaches none at all) and are handed to the
+// port's own stack. The ports therefore have strict reverse-path
+// filtering (rp_filter=1: nothing routes via a port) and arp_ignore=8,
+// and the inet table drops input and forwarding from the tap and the
+// VXLAN device as well as from the bridge, whatever the node's defaults.
 //
-// The underlay is trusted as the node network is (munge and slurmd
-// traffic crosses it): a host on it that forges VXLAN packets with a
-// step's VNI can inject frames whose source is a peer MAC. Site
-// firewalls that confine UDP 4789 to the nodes close that.
+// Inet table: input from the bridge (and its ports) drops (the node's own
+// addresses and services: slurmd, munge, sshd). Forward from the bridge
+// to elsewhere passes only toward the services (prefix, tcp/udp, port;
+// 0 = any), at most MaxServiceConns connections at a time (connlimit: the
+// node's conntrack table is shared with slurmd), and drops otherwise,
+// which covers other nodes' host addresses and other steps' guests;
+// forward toward the bridge passes only ct state established,related.
+// Postrouting masquerades the guests' traffic to the services. In user
+// mode the same for the veth: input drops; forward from it drops UDP to
+// the VXLAN port (a masqueraded packet carries the node's address, which
+// the other nodes' underlay fences trust), and drops toward 10/8,
+// 172.16/12, 192.168/16, 100.64/10, 169.254/16, 127/8, the user subnet
+// and the step's node addresses unless the destination is in
+// [network.user] allow, passes other IPv4, drops IPv6; masquerade out.
+//
+// The underlay: VXLAN has no keys, and the kernel checks neither a
+// packet's outer source address nor its port, while a step's VNI and MACs
+// follow from its job id. The inet table's input accepts VXLAN packets
+// of the step's VNI only from the step's other nodes' NodeAddr, and its
+// output drops UDP to the VXLAN port from every non-root socket while the
+// step runs (the kernel's VXLAN socket is root's), so neither another
+// host nor a user on a peer node can put frames on the segment. Root on
+// the nodes, and a fabric on which a host can send with a node's address,
+// stay trusted; site firewalls confining UDP 4789 to the nodes, or an
+// encrypted underlay, close the rest.
 //
 // # Design decisions
 //
