@@ -77,10 +77,14 @@ func TestE2EMultiNode(t *testing.T) {
 		mpi  string
 		env  []string
 	}{
-		// Across nodes the ranks talk TCP between the guests (eth0),
-		// shared memory inside each guest.
+		// Across nodes the ranks talk TCP between the guests (eth0);
+		// Open MPI uses shared memory inside each guest. MPICH's UCX
+		// 1.13 (Debian 12) sometimes never finishes flushing its
+		// shared-memory endpoints in MPI_Finalize once TCP is in use
+		// (all ranks printed done; seen in CI, a known UCX bug class):
+		// it runs TCP only.
 		{mpitest.OpenMPI, "pmix", []string{"OMPI_MCA_btl=self,vader,tcp", "OMPI_MCA_pml=ob1", "OMPI_MCA_btl_tcp_if_include=eth0"}},
-		{mpitest.MPICH, "pmi2", []string{"UCX_TLS=tcp,self,sm", "UCX_NET_DEVICES=eth0"}},
+		{mpitest.MPICH, "pmi2", []string{"UCX_TLS=tcp,self", "UCX_NET_DEVICES=eth0"}},
 	}
 	for _, c := range mpiCases {
 		e.Run(t, c.impl.Name+" across two nodes over "+c.mpi, func(t *testing.T) {
