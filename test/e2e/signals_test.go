@@ -46,7 +46,7 @@ func TestE2ESignalDuringBoot(t *testing.T) {
 	for step == "" {
 		if entries, err := os.ReadDir(harness.RuntimeDir); err == nil {
 			for _, en := range entries {
-				if !before[en.Name()] && strings.Count(en.Name(), ".") == 2 {
+				if _, perr := state.ParseStepID(en.Name()); !before[en.Name()] && perr == nil {
 					step = en.Name()
 				}
 			}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/test/cluster"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 	"github.com/slurm-microvm/slurm-microvm/test/harness"
 )
 
@@ -115,7 +116,7 @@ func TestStatePermissions(t *testing.T) {
 	}
 	defer end()
 
-	id := fmt.Sprintf("%d.0.0", job)
+	id := state.StepID{Job: uint32(job), Node: e.C.Node}.String()
 	stateDir := filepath.Join(harness.RuntimeDir, id)
 	ents, err := os.ReadDir(stateDir)
 	if err != nil {
