@@ -107,7 +107,7 @@ func leftBehind(n Names) error {
 	}
 	for _, t := range tables {
 		if t.Name == n.Table {
-			return fmt.Errorf("network: nftables table %s (family %s) of step %q already exists: run `slurm-microvm gc` on this node", t.Name, familyName(t.Family), n.Alias)
+			return fmt.Errorf("network: nftables table %s (family %s) of step %q already exists: run `slurm-microvm gc` on this node", t.Name, FamilyName(t.Family), n.Alias)
 		}
 	}
 	return nil
@@ -451,13 +451,14 @@ func gatewayFree(gw netip.Addr, n Names) error {
 			if l, err := netlink.LinkByIndex(a.LinkIndex); err == nil {
 				holder = fmt.Sprintf("%s (%q)", l.Attrs().Name, l.Attrs().Alias)
 			}
-			return fmt.Errorf("network: step %q needs the services gateway %v, which %s holds on this node: one step with [network] services per node at a time (or give the site's steps distinct [network] subnet)", n.Alias, gw, holder)
+			return fmt.Errorf("network: step %q needs the services gateway %v, which %s holds on this node: one step with [network] services per node at a time (every step's gateway has that address): give such steps whole nodes (--exclusive), or list no services", n.Alias, gw, holder)
 		}
 	}
 	return nil
 }
 
-func familyName(f nftables.TableFamily) string {
+// FamilyName is nft(8)'s name of a table family.
+func FamilyName(f nftables.TableFamily) string {
 	switch f {
 	case nftables.TableFamilyBridge:
 		return "bridge"
@@ -467,8 +468,12 @@ func familyName(f nftables.TableFamily) string {
 		return "ip"
 	case nftables.TableFamilyIPv6:
 		return "ip6"
+	case nftables.TableFamilyARP:
+		return "arp"
+	case nftables.TableFamilyNetdev:
+		return "netdev"
 	}
-	return fmt.Sprint(int(f))
+	return fmt.Sprintf("family-%d", f)
 }
 
 // listTables lists the nftables tables of this namespace in the two
@@ -482,7 +487,7 @@ func listTables() ([]*nftables.Table, error) {
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyBridge, nftables.TableFamilyINet} {
 		ts, err := c.ListTablesOfFamily(fam)
 		if err != nil {
-			return nil, fmt.Errorf("network: listing nftables tables of family %s: %w", familyName(fam), err)
+			return nil, fmt.Errorf("network: listing nftables tables of family %s: %w", FamilyName(fam), err)
 		}
 		out = append(out, ts...)
 	}
@@ -503,7 +508,7 @@ func deleteTables(match func(name string) bool) ([]string, error) {
 	for _, t := range tables {
 		if match(t.Name) {
 			c.DelTable(t)
-			names = append(names, familyName(t.Family)+" "+t.Name)
+			names = append(names, FamilyName(t.Family)+" "+t.Name)
 		}
 	}
 	if len(names) == 0 {

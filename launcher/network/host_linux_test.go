@@ -46,7 +46,7 @@ func noneLeft(t *testing.T) {
 	}
 	for _, tb := range tables {
 		if Leftover(tb.Name, "") {
-			t.Errorf("table %s %s left", familyName(tb.Family), tb.Name)
+			t.Errorf("table %s %s left", FamilyName(tb.Family), tb.Name)
 		}
 	}
 }

@@ -80,28 +80,10 @@ func nsObjects(ns netns.NsHandle, path, label string, leftover func(name, alias 
 		if leftover(t.Name, "") {
 			out = append(out, netObject{
 				key:  fmt.Sprintf("table %s %d %s", path, t.Family, t.Name),
-				line: fmt.Sprintf("nftables table %s %s in network namespace %s", familyName(t.Family), t.Name, label),
+				line: fmt.Sprintf("nftables table %s %s in network namespace %s", network.FamilyName(t.Family), t.Name, label),
 			})
 		}
 	}
 	return out
 }
 
-// familyName is nft(8)'s name of a table family.
-func familyName(f nftables.TableFamily) string {
-	switch f {
-	case nftables.TableFamilyINet:
-		return "inet"
-	case nftables.TableFamilyIPv4:
-		return "ip"
-	case nftables.TableFamilyIPv6:
-		return "ip6"
-	case nftables.TableFamilyARP:
-		return "arp"
-	case nftables.TableFamilyNetdev:
-		return "netdev"
-	case nftables.TableFamilyBridge:
-		return "bridge"
-	}
-	return fmt.Sprintf("family-%d", f)
-}
