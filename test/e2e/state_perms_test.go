@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slurm-microvm/slurm-microvm/test/cluster"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+	"github.com/slurm-microvm/slurm-microvm/test/cluster"
 	"github.com/slurm-microvm/slurm-microvm/test/harness"
 )
 

@@ -86,4 +86,3 @@ func nsObjects(ns netns.NsHandle, path, label string, leftover func(name, alias 
 	}
 	return out
 }
-
