@@ -128,26 +128,11 @@ func TestE2EMultiNode(t *testing.T) {
 		}
 	})
 
+	// -K (--kill-on-bad-exit): the task on the other node is ended when
+	// this one fails, as an MPI job would want; without it srun waits for
+	// that task, as on bare nodes.
 	e.Run(t, "a killed supervisor leaves nothing on either node", func(t *testing.T) {
-		job, cmd := startStep(t, e, "", "fault-sup", "-K", "-N2", "--microvm="+e.Image, "sleep", "300")
-		waitReady(t, e, job, nodes)
-		sup, err := state.ReadProc(filepath.Join(harness.RuntimeDir, state.StepID{Job: uint32(job), Node: nodes[1]}.String(), state.SupervisorFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := sup.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(2 * time.Minute):
-			t.Errorf("srun did not end within 2 min of the supervisor on %s being killed", nodes[1])
-			_ = e.C.Scancel(context.Background(), strconv.Itoa(job))
-			<-done
-		}
-		waitJobGone(t, e, job)
+		killOnNode(t, e, nodes, "fault-sup", state.SupervisorFile, "supervisor")
 	})
 
 	e.Run(t, "scancel while the step network is set up leaves nothing", func(t *testing.T) {
@@ -181,29 +166,34 @@ func TestE2EMultiNode(t *testing.T) {
 	})
 
 	e.Run(t, "a killed VMM leaves nothing on either node", func(t *testing.T) {
-		// -K (--kill-on-bad-exit): the task on the other node is ended
-		// when this one fails, as an MPI job would want; without it srun
-		// waits for that task, as on bare nodes.
-		job, cmd := startStep(t, e, "", "fence-kill", "-K", "-N2", "--microvm="+e.Image, "sleep", "300")
-		waitReady(t, e, job, nodes)
-		vmm, err := state.ReadProc(filepath.Join(harness.RuntimeDir, state.StepID{Job: uint32(job), Node: nodes[1]}.String(), state.VMMPidFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := vmm.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(2 * time.Minute):
-			t.Errorf("srun did not end within 2 min of the VMM on %s being killed", nodes[1])
-			_ = e.C.Scancel(context.Background(), strconv.Itoa(job))
-			<-done
-		}
-		waitJobGone(t, e, job)
+		killOnNode(t, e, nodes, "fence-kill", state.VMMPidFile, "VMM")
 	})
+}
+
+// killOnNode starts `srun -K -N2 sleep` in microVMs, SIGKILLs the process
+// recorded in pidFile of the step's state on the second node, and waits
+// for srun and the job to end (the caller's e.Run checks nothing is left).
+func killOnNode(t *testing.T, e *harness.Env, nodes []string, name, pidFile, what string) {
+	t.Helper()
+	job, cmd := startStep(t, e, "", name, "-K", "-N2", "--microvm="+e.Image, "sleep", "300")
+	waitReady(t, e, job, nodes)
+	p, err := state.ReadProc(filepath.Join(harness.RuntimeDir, state.StepID{Job: uint32(job), Node: nodes[1]}.String(), pidFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		t.Errorf("srun did not end within 2 min of the %s on %s being killed", what, nodes[1])
+		_ = e.C.Scancel(context.Background(), strconv.Itoa(job))
+		<-done
+	}
+	waitJobGone(t, e, job)
 }
 
 // linkLocalAttack, run by a guest root with the nodes' addresses: a route
