@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/test/prereq"
@@ -71,11 +72,7 @@ func TestAttackVXLANInject(t *testing.T) {
 	_, _ = setup(t, b, hostReq("node2", 1234, 0, n1, n2))
 	peer := MACOf(netip.MustParseAddr("10.224.0.3")) // node2's guest, computed
 	inner := udpFrame(pa.Guest.MAC, peer, netip.MustParseAddr("10.224.0.3"), pa.Guest.Addr.Addr(), 9999, "injected")
-	pkt := make([]byte, 8, 8+len(inner))
-	pkt[0] = 0x08
-	vni := VNI(1234, 0, 0)
-	binary.BigEndian.PutUint32(pkt[4:], vni<<8)
-	pkt = append(pkt, inner...)
+	pkt := vxlanPacket(VNI(1234, 0, 0), inner)
 	for _, c := range []struct {
 		name string
 		from *net.UDPAddr
@@ -101,24 +98,13 @@ func TestAttackVXLANInject(t *testing.T) {
 			t.Errorf("HOLE (%s): a plain UDP datagram put a frame into step 1234.0.0's guest on node1", c.name)
 		}
 	}
-	// As uid 65534 (nobody), with socat, on the other node.
-	prereq.Tools(t, "setpriv", "socat", "nsenter")
-	fd, err := unix.Dup(int(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := os.NewFile(uintptr(fd), "netns")
-	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-		"socat", "-u", "STDIN", "UDP4-SENDTO:192.0.2.1:4789,sourceport=40003")
-	cmd.ExtraFiles = []*os.File{f}
-	cmd.Stdin = bytes.NewReader(pkt)
-	// The output fence drops it at once: sendto fails with EPERM.
-	if out, err := cmd.CombinedOutput(); err != nil && !strings.Contains(string(out), "Operation not permitted") {
+	// As uid 65534 (nobody), with socat, on the other node. The output
+	// fence drops it at once: sendto fails with EPERM.
+	if out, err := sendAsNobody(t, b, "192.0.2.1", pkt); err != nil && !strings.Contains(string(out), "Operation not permitted") {
 		t.Fatalf("socat as nobody: %v\n%s", err, out)
 	} else if err == nil {
 		t.Errorf("a non-root user on a peer node sent to the VXLAN port: the output fence let it out")
 	}
-	f.Close()
 	if awaitFrame(t, atA.Network.Tap, "injected", 2*time.Second) {
 		t.Errorf("HOLE (uid 65534 on node2, socat): a plain UDP datagram put a frame into the step's guest on node1")
 	}
@@ -186,9 +172,10 @@ func TestAttackConntrack(t *testing.T) {
 	}
 }
 
-// TestVXLANMitigationSkuid checks a mitigation: on every node, an output
-// rule drops UDP to the VXLAN port from sockets of non-root users; the
-// kernel's own VXLAN packets still pass.
+// TestVXLANMitigationSkuid: the underlay fence's output rule (UDP to the
+// VXLAN port from non-root sockets drops) lets the step's own VXLAN
+// packets, which the kernel's root socket sends, through, and stops uid
+// 65534's.
 func TestVXLANMitigationSkuid(t *testing.T) {
 	lockNS(t)
 	a := newNS(t)
@@ -196,33 +183,16 @@ func TestVXLANMitigationSkuid(t *testing.T) {
 	joinNS(t, a, b, "under0", "192.0.2.1/24", "under0", "192.0.2.2/24")
 	pa, atA := setup(t, a, hostReq("node1", 1234, 0, n1, n2))
 	pb, atB := setup(t, b, hostReq("node2", 1234, 0, n1, n2))
-	for _, cmd := range []string{"add table inet mit", "add chain inet mit o { type filter hook output priority 0 ; }", "add rule inet mit o udp dport 4789 meta skuid != 0 counter drop"} {
-		inspect(t, b, append([]string{"nft"}, strings.Fields(cmd)...)...)
-	}
 	send(t, atB.Network.Tap, udpFrame(pa.Guest.MAC, pb.Guest.MAC, pb.Guest.Addr.Addr(), pa.Guest.Addr.Addr(), 9999, "legit"))
 	if !awaitFrame(t, atA.Network.Tap, "legit", 3*time.Second) {
 		t.Fatal("with the output rule, the step's own VXLAN traffic does not pass")
 	}
 	inner := udpFrame(pa.Guest.MAC, pb.Guest.MAC, pb.Guest.Addr.Addr(), pa.Guest.Addr.Addr(), 9999, "injected")
-	pkt := make([]byte, 8, 8+len(inner))
-	pkt[0] = 0x08
-	binary.BigEndian.PutUint32(pkt[4:], VNI(1234, 0, 0)<<8)
-	pkt = append(pkt, inner...)
-	fd, err := unix.Dup(int(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := os.NewFile(uintptr(fd), "netns")
-	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-		"socat", "-u", "STDIN", "UDP4-SENDTO:192.0.2.1:4789,sourceport=40003")
-	cmd.ExtraFiles = []*os.File{f}
-	cmd.Stdin = bytes.NewReader(pkt)
-	out, _ := cmd.CombinedOutput()
-	f.Close()
+	out, _ := sendAsNobody(t, b, "192.0.2.1", vxlanPacket(VNI(1234, 0, 0), inner))
 	if awaitFrame(t, atA.Network.Tap, "injected", 2*time.Second) {
 		t.Errorf("the output rule did not stop uid 65534 (%s)", out)
 	}
-	t.Logf("%s", inspect(t, b, "nft", "list", "table", "inet", "mit"))
+	t.Logf("%s", inspect(t, b, "nft", "list", "table", "inet", pb.Names.Table))
 }
 
 // TestAttackNeighTable: ARP requests for the node's address sent to a
@@ -316,4 +286,32 @@ func TestAttackNeighTable(t *testing.T) {
 	if !got {
 		t.Error("HOLE (DoS): a guest's ARP flood keeps its node from resolving neighbours")
 	}
+}
+
+// vxlanPacket is a VXLAN payload (header and inner frame) of vni, as a
+// forger would send it over UDP.
+func vxlanPacket(vni uint32, inner []byte) []byte {
+	pkt := make([]byte, 8, 8+len(inner))
+	pkt[0] = 0x08
+	binary.BigEndian.PutUint32(pkt[4:], vni<<8)
+	return append(pkt, inner...)
+}
+
+// sendAsNobody sends pkt to to:4789 from source port 40003 as uid 65534,
+// with socat in the network namespace ns, and returns socat's output and
+// error (the underlay fence makes sendto fail with EPERM).
+func sendAsNobody(t *testing.T, ns netns.NsHandle, to string, pkt []byte) ([]byte, error) {
+	t.Helper()
+	prereq.Tools(t, "setpriv", "socat", "nsenter")
+	fd, err := unix.Dup(int(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "netns")
+	defer f.Close()
+	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+		"socat", "-u", "STDIN", "UDP4-SENDTO:"+to+":4789,sourceport=40003")
+	cmd.ExtraFiles = []*os.File{f}
+	cmd.Stdin = bytes.NewReader(pkt)
+	return cmd.CombinedOutput()
 }
