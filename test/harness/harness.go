@@ -16,11 +16,11 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/residue"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 	"github.com/slurm-microvm/slurm-microvm/test/cluster"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture/nvstandin"
-	"github.com/slurm-microvm/slurm-microvm/test/residue"
 )
 
 // Paths of the installation the end-to-end tests run against. They live
@@ -322,7 +322,11 @@ func (e *Env) Scope() residue.Scope {
 func (e *Env) NothingLeft(t testing.TB) {
 	t.Helper()
 	snap := residue.Take(e.Scope())
-	t.Cleanup(func() { snap.WaitClean(t, 15*time.Second) })
+	t.Cleanup(func() {
+		if left := snap.WaitClean(context.Background(), 15*time.Second); len(left) > 0 {
+			t.Errorf("left on the host after the test:\n  %s", strings.Join(left, "\n  "))
+		}
+	})
 }
 
 // Run runs f as subtest name of t with the host-wide "nothing left" check

@@ -1,6 +1,7 @@
 package residue
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"runtime"
@@ -163,7 +164,9 @@ func TestLeftNet(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	before.WaitClean(t, 5*time.Second)
+	if left := before.WaitClean(context.Background(), 5*time.Second); len(left) > 0 {
+		t.Errorf("left:\n  %s", strings.Join(left, "\n  "))
+	}
 
 	// The namespace gone (its cluster stopped): nothing to report.
 	if err := netns.DeleteNamed(tag + "-res"); err != nil {

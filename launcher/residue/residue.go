@@ -32,6 +32,7 @@ package residue
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io/fs"
 	"os"
@@ -42,7 +43,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/moby/sys/mountinfo"
@@ -233,20 +233,19 @@ func (s *Snapshot) Left() []string {
 }
 
 // WaitClean waits up to timeout (stop is asynchronous to srun's exit)
-// until Left is empty, and marks t failed with the list otherwise.
-func (s *Snapshot) WaitClean(t testing.TB, timeout time.Duration) {
-	t.Helper()
+// until Left is empty, or ctx ends. It returns what is still left then,
+// nil when nothing is.
+func (s *Snapshot) WaitClean(ctx context.Context, timeout time.Duration) []string {
 	deadline := time.Now().Add(timeout)
 	for {
 		left := s.Left()
-		if len(left) == 0 {
-			return
+		if len(left) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			return left
 		}
-		if time.Now().After(deadline) {
-			t.Errorf("left on the host after the test:\n  %s", strings.Join(left, "\n  "))
-			return
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
 		}
-		time.Sleep(250 * time.Millisecond)
 	}
 }
 

@@ -1,6 +1,7 @@
 package residue
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -104,7 +105,9 @@ func TestLeft(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before.WaitClean(t, 5*time.Second)
+	if left := before.WaitClean(context.Background(), 5*time.Second); len(left) > 0 {
+		t.Errorf("left:\n  %s", strings.Join(left, "\n  "))
+	}
 }
 
 func TestCompilerTemp(t *testing.T) {
