@@ -98,7 +98,7 @@ func (l *Load) lines() []string {
 	}
 	out = append(out,
 		fmt.Sprintf("load: %d-task job array at %.1f steps per minute", l.ArrayTasks, l.StepsPerMinute),
-		fmt.Sprintf("load: %d back-to-back steps of one image, %d image conversion(s)", l.BackToBack, l.ImageConversions),
+		fmt.Sprintf("load: %d back-to-back steps of one image, %s", l.BackToBack, conversions(l.ImageConversions)),
 	)
 	if len(l.StartMS) == 0 {
 		out = append(out, "load: start time not measured (no samples)")
@@ -106,6 +106,15 @@ func (l *Load) lines() []string {
 		out = append(out, fmt.Sprintf("load: start time p50 %d ms, p95 %d ms, max %d ms (%d steps)", l.P50MS, l.P95MS, l.MaxMS, len(l.StartMS)))
 	}
 	return out
+}
+
+// conversions says how often the back-to-back image was converted:
+// "image converted 1 time" (the promise: converted once, reused after).
+func conversions(n int) string {
+	if n == 1 {
+		return "image converted 1 time"
+	}
+	return fmt.Sprintf("image converted %d times", n)
 }
 
 // pssStats is the mean and the maximum of mib (MiB); ok is false when
