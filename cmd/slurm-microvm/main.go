@@ -66,6 +66,8 @@ func newApp() *cli.App {
 			gpusCommand(),
 			nicsCommand(),
 			mountsCommand(),
+			pocCommand(),
+			pocProbeCommand(),
 			versionCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},

@@ -1,0 +1,327 @@
+package poc
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/poc/report"
+	"github.com/slurm-microvm/slurm-microvm/launcher/residue"
+	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+)
+
+// PocDirName is the directory under each test account's home that holds
+// the poc's trees, one per run (<home>/.slurm-microvm-poc/<run id>).
+const PocDirName = ".slurm-microvm-poc"
+
+// SecretEnv is the variable every poc job carries a per-tenant secret in;
+// the credential and diagnosis checks look for its value.
+const SecretEnv = "SMV_POC_SECRET"
+
+func (r *run) treeOf(t *Tenant) string { return filepath.Join(t.Home, PocDirName, r.id) }
+
+// token is a fresh random marker (hex, 32 characters).
+func token() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// tenantData are the markers of one tenant's tree and environment: none
+// of them may appear in the other tenant's view, a log, or the report.
+type tenantData struct {
+	secret  string // SecretEnv's value
+	content string // in own/data.txt and private.txt
+}
+
+func (r *run) data(t *Tenant) tenantData { return r.markers[t.Label] }
+
+// makeTrees creates each tenant's tree, owned by the tenant, 0700:
+//
+//	own/data.txt own/sub/more.txt   the tenant's share (mounted read-only)
+//	private.txt                     outside the share
+//	out/                            job output
+//	ckpt/                           the checkpoint check's writable share
+func (r *run) makeTrees(ctx context.Context) error {
+	r.markers = map[string]tenantData{}
+	for _, t := range r.tenants {
+		d := tenantData{secret: token(), content: token()}
+		r.markers[t.Label] = d
+		base := filepath.Join(t.Home, PocDirName)
+		if err := mkdirOwned(base, t); err != nil {
+			return err
+		}
+		root := r.treeOf(t)
+		for _, dir := range []string{root, root + "/own", root + "/own/sub", root + "/out", root + "/ckpt"} {
+			if err := mkdirOwned(dir, t); err != nil {
+				return err
+			}
+		}
+		files := map[string]string{
+			"own/data.txt":     "data " + d.content + "\n",
+			"own/sub/more.txt": "more " + d.content + "\n",
+			"private.txt":      "private " + d.content + "\n",
+		}
+		for name, text := range files {
+			p := filepath.Join(root, name)
+			if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+				return fmt.Errorf("poc tree of %s: %w", t.Name, err)
+			}
+			if err := os.Lchown(p, int(t.UID), int(t.GID)); err != nil {
+				return fmt.Errorf("poc tree of %s: %w", t.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// mkdirOwned makes dir (0700) owned by t; an existing one must be t's
+// and not a symlink.
+func mkdirOwned(dir string, t *Tenant) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !os.IsExist(err) {
+		return fmt.Errorf("poc tree of %s: %w", t.Name, err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("poc tree of %s: %w", t.Name, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("poc tree of %s: %s is not a directory", t.Name, dir)
+	}
+	if err := os.Lchown(dir, int(t.UID), int(t.GID)); err != nil {
+		return fmt.Errorf("poc tree of %s: %w", t.Name, err)
+	}
+	return nil
+}
+
+// treeSum is a digest of every entry under dir: path, type, mode, owner,
+// size, content and link target (byte-for-byte unchanged, or not).
+func treeSum(dir string) (string, error) {
+	h := sha256.New()
+	var lines []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if rel, _ := filepath.Rel(dir, p); rel == "out" || strings.HasPrefix(rel, "out/") {
+			return nil // the jobs' output is written while the check runs
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		line := fmt.Sprintf("%s %v %d", p, fi.Mode(), fi.Size())
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			line += fmt.Sprintf(" %d:%d", st.Uid, st.Gid)
+		}
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, _ := os.Readlink(p)
+			line += " -> " + target
+		case fi.Mode().IsRegular():
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			line += fmt.Sprintf(" %x", sha256.Sum256(b))
+		}
+		lines = append(lines, line)
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("digest of %s: %w", dir, err)
+	}
+	sort.Strings(lines)
+	for _, l := range lines {
+		fmt.Fprintln(h, l)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// job is one submitted batch job.
+type job struct {
+	t    *Tenant
+	name string
+	id   int
+	out  string // its output file (stdout and stderr)
+}
+
+// sh quotes s for a POSIX shell.
+func sh(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// srunLine is `srun --microvm=IMAGE args...` with every argument quoted.
+func (r *run) srunLine(args ...string) string {
+	q := []string{"srun", sh("--microvm=" + r.o.Image)}
+	for _, a := range args {
+		q = append(q, sh(a))
+	}
+	return strings.Join(q, " ")
+}
+
+// sbatch submits a batch script as t, pinned to the poc's node, named
+// smv-<run id>-<name>, its output in t's out/, the tenant's secret in its
+// environment; args are more sbatch options.
+func (r *run) sbatch(ctx context.Context, t *Tenant, name, body string, args ...string) (*job, error) {
+	pattern := "%j"
+	for _, a := range args {
+		if strings.HasPrefix(a, "--array") {
+			pattern = "%A_%a"
+		}
+	}
+	out := filepath.Join(r.treeOf(t), "out", name+"-"+pattern+".out")
+	a := []string{"-J", "smv-" + r.id + "-" + name, "-w", r.o.Node, "-o", out, "-N1"}
+	if r.o.Partition != "" {
+		a = append(a, "-p", r.o.Partition)
+	}
+	if r.o.Reservation != "" {
+		a = append(a, "--reservation", r.o.Reservation)
+	}
+	a = append(a, args...)
+	script := "#!/bin/sh\n" + body + "\n"
+	id, err := r.slurm.Sbatch(ctx, t, []string{SecretEnv + "=" + r.data(t).secret}, script, a...)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.jobs = append(r.jobs, id)
+	j := &job{t: t, name: name, id: id, out: strings.NewReplacer("%j", strconv.Itoa(id), "%A", strconv.Itoa(id)).Replace(out)}
+	if r.byName == nil {
+		r.byName = map[string]*job{}
+	}
+	r.byName[name] = j
+	r.mu.Unlock()
+	return j, nil
+}
+
+// output is the job's output file so far ("" when none).
+func (j *job) output() string {
+	b, _ := os.ReadFile(j.out)
+	return string(b)
+}
+
+// wait waits for the job to end (bounded by limit) and returns its record.
+func (r *run) wait(ctx context.Context, j *job, limit time.Duration) (Job, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	return r.slurm.WaitJob(ctx, j.id)
+}
+
+// stepDir is the state directory of job's step on the poc's node.
+func (r *run) stepDir(jobID, step int) string {
+	return state.Dir{Root: r.o.Config.RuntimeDir, ID: state.StepID{Job: uint32(jobID), Step: uint32(step), Node: r.o.Node}}.Path()
+}
+
+// waitReady waits until the sandbox of job's step is ready and returns
+// its state directory; it fails when the job ends first or limit passes.
+func (r *run) waitReady(ctx context.Context, j *job, step int, limit time.Duration) (string, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		matches, _ := filepath.Glob(filepath.Join(r.o.Config.RuntimeDir, fmt.Sprintf("%d.%d.*.%s", j.id, step, r.o.Node), state.ReadyFile))
+		if len(matches) > 0 {
+			return filepath.Dir(matches[len(matches)-1]), nil
+		}
+		if jb, err := r.slurm.Job(ctx, j.id); err == nil && terminal[jb.State] {
+			return "", fmt.Errorf("job %d ended %s (exit %s) before its step %d was ready", j.id, jb.State, jb.ExitCode, step)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return "", fmt.Errorf("job %d step %d: no ready sandbox within %s", j.id, step, limit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// waitOutput waits until the job's output holds marker (the workload
+// reached a point), or the job ends, or limit passes.
+func (r *run) waitOutput(ctx context.Context, j *job, marker string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for !strings.Contains(j.output(), marker) {
+		if jb, err := r.slurm.Job(ctx, j.id); err == nil && terminal[jb.State] {
+			return fmt.Errorf("job %d ended %s before printing %s", j.id, jb.State, marker)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("job %d: no %s in its output within %s", j.id, marker, limit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return nil
+}
+
+// verdict collects a check's failures and evidence.
+type verdict struct {
+	c     *report.Check
+	fails []string
+}
+
+func newVerdict(c *report.Check) *verdict { return &verdict{c: c} }
+
+func (v *verdict) fail(format string, a ...any) { v.fails = append(v.fails, fmt.Sprintf(format, a...)) }
+func (v *verdict) note(format string, a ...any) {
+	v.c.Evidence = append(v.c.Evidence, fmt.Sprintf(format, a...))
+}
+func (v *verdict) job(j *job) {
+	if j != nil {
+		v.c.Jobs = append(v.c.Jobs, j.id)
+	}
+}
+
+// skip marks the check skipped with reason.
+func (v *verdict) skip(format string, a ...any) {
+	v.c.Verdict, v.c.Reason = report.Skip, fmt.Sprintf(format, a...)
+}
+
+// done sets the verdict from the failures (a skip stays a skip).
+func (v *verdict) done() {
+	if v.c.Verdict == report.Skip {
+		return
+	}
+	if len(v.fails) > 0 {
+		v.c.Verdict, v.c.Reason = report.Fail, strings.Join(v.fails, "; ")
+		return
+	}
+	v.c.Verdict = report.Pass
+}
+
+// judgeCleanup is the "nothing left, node in service" verdict after a
+// step: left is what the residue snapshot found after teardown, took how
+// long teardown took, state the node's sinfo state.
+func judgeCleanup(left []string, took, unkillable time.Duration, nodeState string) []string {
+	var fails []string
+	if len(left) > 0 {
+		fails = append(fails, fmt.Sprintf("left on the node after %s: %s", took.Round(time.Millisecond), strings.Join(left, " | ")))
+	} else if took > unkillable {
+		fails = append(fails, fmt.Sprintf("teardown took %s, more than UnkillableStepTimeout %s", took.Round(time.Millisecond), unkillable))
+	}
+	if Drained(nodeState) {
+		fails = append(fails, fmt.Sprintf("the node is %s", nodeState))
+	}
+	return fails
+}
+
+// cleanupAfter waits (up to UnkillableStepTimeout, at least 30 s) until
+// nothing of the steps since snap is left, records the teardown time
+// from end, and checks the node is in service.
+func (r *run) cleanupAfter(ctx context.Context, v *verdict, snap *residue.Snapshot, end time.Time) {
+	limit := max(r.unkill, 30*time.Second)
+	left := snap.WaitClean(ctx, limit)
+	took := time.Since(end)
+	if len(left) == 0 {
+		v.c.TeardownMS = max(took.Milliseconds(), 1)
+	}
+	st, err := r.slurm.NodeState(ctx, r.o.Node)
+	if err != nil {
+		v.fail("node state: %v", err)
+	}
+	for _, f := range judgeCleanup(left, took, r.unkill, st) {
+		v.fail("%s", f)
+	}
+}
