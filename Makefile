@@ -31,6 +31,7 @@ build:
 	mkdir -p bin
 	$(GO) build $(GOFLAGS) -ldflags "-X main.version=$(VERSION)" -o bin/slurm-microvm ./cmd/slurm-microvm
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS) -o bin/slurm-microvm-agent ./cmd/slurm-microvm-agent
+	GO="$(GO)" sh hack/no-test-tags.sh bin/slurm-microvm bin/slurm-microvm-agent
 	$(INSTALL) -l slurm-microvm bin/slurm-microvm-exec
 	$(MAKE) -C spank
 	$(INSTALL) -m 0755 spank/spank_microvm.so bin/spank_microvm.so
@@ -54,10 +55,12 @@ assets: install
 # tests (test/e2e) share one cluster and run last.
 test: lint build
 	$(TESTSUM) $(GO) test -json -count=1 $(TESTFLAGS) $$($(GO) list ./... | grep -v /test/e2e)
+	$(TESTSUM) $(GO) test -json -count=1 -tags smv_faults $(TESTFLAGS) ./launcher/fault/
 	$(TESTSUM) $(GO) test -json -count=1 -timeout 40m $(TESTFLAGS) ./test/e2e/
 
 unit:
 	$(GO) test -count=1 -short $(TESTFLAGS) ./...
+	$(GO) test -count=1 -short -tags smv_faults $(TESTFLAGS) ./launcher/fault/
 
 # Side by side in one run each: step launch vs a bare boot, MPI ping-pong
 # in one VM vs on the host, and 9p share reads in the guest vs on the host.
@@ -73,6 +76,7 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags smv_faults,smv_gpu_standin ./launcher/...
 
 lint: vet
 	$(STATICCHECK) ./... $(if $(filter 1,$(LINT_REPORT_ONLY)),|| echo "lint: staticcheck findings above (LINT_REPORT_ONLY=1: not failing)")

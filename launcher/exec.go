@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/fault"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
@@ -199,7 +200,9 @@ func (l *Launcher) Exec(ctx context.Context, stateDir string, argv, env []string
 	}
 	env = TaskEnv(env)
 	cwd := ""
+	var id *state.StepID
 	if s, err := ReadSpec(stateDir); err == nil {
+		id = &s.ID
 		if s.GPUs != "" {
 			env = guestGPUEnv(env, s.GPUs)
 		}
@@ -215,6 +218,9 @@ func (l *Launcher) Exec(ctx context.Context, stateDir string, argv, env []string
 	spec, err := withPMI(driver.ProcessSpec{Argv: argv, Env: env, Cwd: cwd})
 	if err != nil {
 		return driver.ExitStatus{}, err
+	}
+	if id != nil && fault.On(id.Job, fault.LogEnv) {
+		logEnv(*id, spec.Env, io.Err)
 	}
 	c, err := l.attach(ctx, stateDir)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/cgroup"
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/fault"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/driverset"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
@@ -504,11 +505,17 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	}
 	// QEMU holds its own descriptors once started.
 	defer shares.Close()
+	if err := fault.At(s.ID.Job, fault.Shares); err != nil {
+		return nil, nil, fmt.Errorf("open the host shares: %w", err)
+	}
 	if machine != nil && accel != "kvm" {
 		return nil, nil, fmt.Errorf("GPUs %s: VFIO passthrough needs KVM, and QEMU runs under %s on this node (no kvm_intel or kvm_amd loaded)", s.GPUs, accel)
 	}
 	if err := l.phase(ctx, d, "prepare the image"); err != nil {
 		return nil, nil, err
+	}
+	if err := fault.At(s.ID.Job, fault.Image); err != nil {
+		return nil, nil, fmt.Errorf("image %s: %w", s.Image, err)
 	}
 	t0 := time.Now()
 	img, err := image.Prepare(ctx, s.Image, image.Options{
@@ -521,6 +528,9 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		return nil, nil, err
 	}
 	log.Info("image ready", "image", s.Image, "digest", img.Digest, "disk", img.Disk, "ms", time.Since(t0).Milliseconds())
+	if err := fault.At(s.ID.Job, fault.Disk); err != nil {
+		return nil, nil, fmt.Errorf("image %s: disk %s: %w", s.Image, img.Disk, err)
+	}
 	if err := l.phase(ctx, d, "check MPI"); err != nil {
 		return nil, nil, err
 	}
@@ -532,6 +542,10 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if mpiShare != nil {
 		defer mpiShare.Dir.Close()
 		sharesForVM = append(sharesForVM, *mpiShare)
+	}
+	if fault.On(s.ID.Job, fault.ShareRW) {
+		log.Warn("fault injected: every host share read-write", "fault", fault.ShareRW)
+		sharesForVM = readWrite(sharesForVM)
 	}
 	agentBin := c.QEMU.Agent
 	a, err := assets.Ensure(ctx, assets.Options{
@@ -564,6 +578,9 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		return nil, nil, err
 	}
 	log.Info("booting", "driver", drv.Name(), "accel", accel, "vcpus", cpus, "memory_mib", memMiB, "kernel", a.KernelVersion)
+	if err := fault.At(s.ID.Job, fault.VMM); err != nil {
+		return nil, nil, fmt.Errorf("start the VMM: %w", err)
+	}
 	sb, err := drv.Start(ctx, driver.SandboxConfig{
 		ID: s.ID.String(), StateDir: d.Path(),
 		CPUs: cpus, MemoryMiB: memMiB, OverlayMiB: OverlayMiB(memMiB, c.Resources),
@@ -575,6 +592,11 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	})
 	if err != nil {
 		return nil, nil, err
+	}
+	if err := fault.At(s.ID.Job, fault.Agent); err != nil {
+		// As a boot whose agent never became ready: the VMM goes first.
+		_ = sb.Stop(context.WithoutCancel(ctx))
+		return nil, nil, fmt.Errorf("boot sandbox %s: wait for the guest agent: %w", s.ID, err)
 	}
 	started = true
 	return sb, done, nil
@@ -628,6 +650,10 @@ func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
 	}
 	if err := l.Config.Mounts.RemoveScratch(id.String()); err != nil {
 		return fmt.Errorf("stop step %s: %w", id, err)
+	}
+	if fault.On(id.Job, fault.LeakState) {
+		l.log().Warn("fault injected: step state left in place", "step", id.String(), "dir", d.Path(), "fault", fault.LeakState)
+		return markErr
 	}
 	if err := os.RemoveAll(d.Path()); err != nil {
 		return fmt.Errorf("remove step state %s: %w", d.Path(), err)

@@ -1,14 +1,3 @@
-// Package fault is fault injection for tests and `slurm-microvm poc`:
-// points in the supervisor where a step's start can be made to fail at a
-// named stage, and behaviours a deliberately broken build shows, so that
-// every poc check is seen to FAIL against one.
-//
-// Only a launcher built with the tag smv_faults has them (fault_on.go);
-// the default build's At is a constant nil, so nothing a tenant or an
-// admin writes can switch a fault on in a production binary. In an
-// smv_faults build a fault is switched on by root only: a file in Dir
-// (root-owned, not writable by group or others) named after the job id,
-// or "all", holding stage names, one per line.
 package fault
 
 import "fmt"
@@ -25,14 +14,17 @@ const (
 	Agent  Stage = "agent"  // after the VMM started, as if the agent never became ready
 )
 
-// StartStages are the start stages in the order the supervisor meets them.
+// StartStages are the start stages. The supervisor meets Shares before
+// Image and Disk (it opens the host shares before it prepares the image).
 var StartStages = []Stage{Image, Disk, Shares, VMM, Agent}
 
 // Behaviours of a broken build (for the poc's can-fail tests).
 const (
 	// ShareRW exports every share read-write, ignoring :ro.
 	ShareRW Stage = "share-rw"
-	// LogEnv logs the task's environment in the supervisor's log.
+	// LogEnv makes the exec entry (as the job's user) print each of the
+	// task's environment variables on the task's stderr and write them to
+	// /tmp/slurm-microvm-env-<job>.<step> (mode 0644).
 	LogEnv Stage = "log-env"
 	// LeakState leaves the step's state directory behind at stop.
 	LeakState Stage = "leak-state"
