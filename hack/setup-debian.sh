@@ -38,6 +38,7 @@ PACKAGES=(
 	iproute2 procps util-linux passwd hostname # ss and ip netns, ps, setsid/setpriv/nsenter, useradd: test cluster scripts
 	nftables                          # nft: the step network tests read the fence back (launcher/network)
 	slurmdbd mariadb-server           # test cluster's accounting mode (ACCOUNTING=1): GPU quotas
+	chromium                          # headless browser: the poc report's HTML test (launcher/poc/report)
 )
 
 if [[ -r /etc/os-release ]]; then

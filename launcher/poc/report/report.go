@@ -1,7 +1,3 @@
-// Package report holds the result of one `slurm-microvm poc` run and
-// writes it: report.json for automation and report.html for people (the
-// tables and an inline SVG picture of the start-time distribution, one
-// self-contained file that opens in any browser).
 package report
 
 import "time"
