@@ -6,6 +6,7 @@
 #   make assets    install, then build the guest kernel+initramfs into the cache
 #   make test      lint, then all tests (needs root and the packages of hack/setup-debian.sh)
 #   make lint      go vet and staticcheck
+#   make poc       slurm-microvm poc on the local one-node cluster (test/poc)
 #   make bench     side-by-side benchmarks (test/bench)
 #   make demo      one-node Slurm + a real `srun --microvm` step (hack/demo.sh)
 
@@ -23,7 +24,7 @@ LINT_REPORT_ONLY ?=
 # what skipped (and why).
 TESTSUM    ?= $(GO) run ./hack/testsummary --
 
-.PHONY: all build install assets test unit e2e bench demo clean fmt vet lint
+.PHONY: all build install assets test unit e2e poc bench demo clean fmt vet lint
 
 all: build
 
@@ -52,11 +53,20 @@ assets: install
 	$(DESTDIR)$(BINDIR)/slurm-microvm assets
 
 # Unit and integration tests run in parallel packages; the Slurm end-to-end
-# tests (test/e2e) share one cluster and run last.
+# tests (test/e2e) and the proof of concept (test/poc) each start the local
+# cluster and run last, one package after the other.
 test: lint build
-	$(TESTSUM) $(GO) test -json -count=1 $(TESTFLAGS) $$($(GO) list ./... | grep -v /test/e2e)
+	$(TESTSUM) $(GO) test -json -count=1 $(TESTFLAGS) $$($(GO) list ./... | grep -v -e /test/e2e -e /test/poc)
 	$(TESTSUM) $(GO) test -json -count=1 -tags smv_faults $(TESTFLAGS) ./launcher/fault/
 	$(TESTSUM) $(GO) test -json -count=1 -timeout 40m $(TESTFLAGS) ./test/e2e/
+	$(TESTSUM) $(GO) test -json -count=1 -timeout 60m $(TESTFLAGS) ./test/poc/
+
+# The proof of concept on the local one-node cluster (test/poc TestPOC):
+# `slurm-microvm poc` as two test accounts, every check must PASS (GPU
+# checks on the stand-in GRES); the report is kept in $(POC_REPORT).
+POC_REPORT ?= $(CURDIR)/poc-report
+poc: build
+	SMV_POC_REPORT=$(POC_REPORT) $(GO) test -count=1 -timeout 60m -run 'TestPOC$$' -v ./test/poc/
 
 unit:
 	$(GO) test -count=1 -short $(TESTFLAGS) ./...

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/fault"
 	"github.com/slurm-microvm/slurm-microvm/test/cluster"
 	"github.com/slurm-microvm/slurm-microvm/test/harness"
 )
@@ -91,6 +92,10 @@ func TestPOC(t *testing.T) {
 	e := setup(t)
 	e.NothingLeft(t)
 	dir := t.TempDir()
+	// SMV_POC_REPORT=DIR keeps the report there (make poc).
+	if d := os.Getenv("SMV_POC_REPORT"); d != "" {
+		dir = d
+	}
 	// SMV_POC_CHECKS=PREFIX,... runs only those checks (to work on one).
 	var args []string
 	only := os.Getenv("SMV_POC_CHECKS")
@@ -136,4 +141,131 @@ func hasPrefix(id string, prefixes []string) bool {
 		}
 	}
 	return false
+}
+
+// switchOn turns smv_faults behaviours on for every job (fault.Dir/all)
+// until the test ends.
+func switchOn(t *testing.T, stages ...fault.Stage) {
+	t.Helper()
+	if err := os.MkdirAll(fault.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, s := range stages {
+		b.WriteString(string(s) + "\n")
+	}
+	all := filepath.Join(fault.Dir, "all")
+	if err := os.WriteFile(all, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = os.Remove(all)
+		_ = os.Remove(fault.Dir)
+	})
+}
+
+// whenJobRuns calls f once a job of the poc is running (squeue lists
+// one), in the background; it returns a function that waits for it.
+func whenJobRuns(t *testing.T, e *harness.Env, f func()) func() {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		deadline := time.Now().Add(5 * time.Minute)
+		for time.Now().Before(deadline) {
+			out, _ := e.C.Squeue(context.Background(), "-h", "-t", "RUNNING", "-o", "%j")
+			if strings.Contains(out, "smv-poc-") {
+				f()
+				return
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+	return func() { <-done }
+}
+
+// TestPOCCanFail: against deliberately broken builds and a broken node
+// (smv_faults behaviours; a leftover process the test plants; a drained
+// node), the checks that must see it FAIL, and the poc exits 1.
+func TestPOCCanFail(t *testing.T) {
+	e := setup(t)
+	for _, tc := range []struct {
+		name   string
+		checks string
+		on     []fault.Stage
+		during func(t *testing.T) func() // started once a poc job runs; returns its undo
+		fail   []string
+	}{
+		{name: "shares exported read-write", checks: "isolation.files", on: []fault.Stage{fault.ShareRW}, fail: []string{"isolation.files"}},
+		{name: "the environment leaked", checks: "isolation.credentials,diagnosis.no-tenant-data", on: []fault.Stage{fault.LogEnv},
+			fail: []string{"isolation.credentials", "diagnosis.no-tenant-data"}},
+		{name: "state left at stop", checks: "fault.exit-0", on: []fault.Stage{fault.LeakState}, fail: []string{"fault.exit-0"}},
+		{name: "a leftover process", checks: "fault.exit-n", fail: []string{"fault.exit-n"}, during: func(t *testing.T) func() {
+			// A process of a program the residue check watches, new
+			// since the check's snapshot.
+			fake := filepath.Join(t.TempDir(), "qemu-system-x86_64")
+			if err := exec.Command("cp", "/bin/sleep", fake).Run(); err != nil {
+				t.Error(err)
+				return func() {}
+			}
+			p := exec.Command(fake, "300")
+			if err := p.Start(); err != nil {
+				t.Error(err)
+				return func() {}
+			}
+			return func() { _ = p.Process.Kill(); _ = p.Wait() }
+		}},
+		{name: "a drained node", checks: "fault.exit-0", fail: []string{"fault.exit-0"}, during: func(t *testing.T) func() {
+			node := e.Nodes()[0]
+			if _, _, _, err := e.C.Run(context.Background(), "", "scontrol", "update", "nodename="+node, "state=drain", "reason=poc-can-fail"); err != nil {
+				t.Error(err)
+			}
+			return func() {
+				_, _, _, _ = e.C.Run(context.Background(), "", "scontrol", "update", "nodename="+node, "state=resume")
+			}
+		}},
+	} {
+		e.Run(t, tc.name, func(t *testing.T) {
+			if len(tc.on) > 0 {
+				switchOn(t, tc.on...)
+			}
+			var undo func()
+			wait := func() {}
+			if tc.during != nil {
+				wait = whenJobRuns(t, e, func() { undo = tc.during(t) })
+			}
+			out, code := runPOC(t, e, t.TempDir(), "--checks", tc.checks)
+			wait()
+			if undo != nil {
+				undo()
+			}
+			v := verdicts(out)
+			for _, id := range tc.fail {
+				if v[id] != "FAIL" {
+					t.Errorf("check %s: %q against %s, want FAIL", id, v[id], tc.name)
+				}
+			}
+			if code != 1 {
+				t.Errorf("poc exited %d, want 1", code)
+			}
+			cleanBroken(t, e)
+		})
+	}
+}
+
+// cleanBroken removes what the broken builds left on purpose (state
+// directories kept by leak-state, the environment files of log-env), so
+// that the residue check of e.Run sees only what the poc itself left.
+func cleanBroken(t *testing.T, e *harness.Env) {
+	t.Helper()
+	left, _ := filepath.Glob("/tmp/slurm-microvm-env-*")
+	for _, p := range left {
+		_ = os.Remove(p)
+	}
+	entries, _ := os.ReadDir(harness.RuntimeDir)
+	for _, en := range entries {
+		if en.Name() != "stopped" {
+			_ = os.RemoveAll(filepath.Join(harness.RuntimeDir, en.Name()))
+		}
+	}
 }

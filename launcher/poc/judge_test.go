@@ -1,0 +1,202 @@
+package poc
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Each judgement FAILs on the evidence a broken build leaves, and passes
+// on what a sound one leaves: a check that cannot fail is a defect.
+
+func TestJudgeCleanup(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		left  []string
+		took  time.Duration
+		state string
+		fails int
+	}{
+		{"clean", nil, time.Second, "idle", 0},
+		{"leftover process", []string{"process 42 (/usr/bin/qemu-system-x86_64): qemu"}, time.Minute, "idle", 1},
+		{"slow teardown", nil, 2 * time.Minute, "idle", 1},
+		{"drained", nil, time.Second, "drained", 1},
+		{"draining and leftover", []string{"state /run/x/1.0.0.n"}, time.Second, "draining", 2},
+		{"down", nil, time.Second, "down*", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := judgeCleanup(tc.left, tc.took, 60*time.Second, tc.state); len(got) != tc.fails {
+				t.Errorf("judgeCleanup = %q, want %d failures", got, tc.fails)
+			}
+		})
+	}
+}
+
+func TestJudgeFiles(t *testing.T) {
+	secret := []byte("data 1234\n")
+	h := fmt.Sprintf("%x", sha256.Sum256(secret))
+	victim := map[string]string{h: "/home/b/.slurm-microvm-poc/r/own/data.txt"}
+	mounts := []string{"other-tree", "own-symlink"}
+	ok := "POC-OWN ok\nPOC-RC other-tree 1\nPOC-RC own-symlink 1\n"
+	for _, tc := range []struct {
+		name, out string
+		want      string // substring of a failure; "" : none
+	}{
+		{"sound", ok, ""},
+		{"own share unreadable", strings.Replace(ok, "POC-OWN ok\n", "", 1), "its own share"},
+		{"read through a planted symlink", ok + "POC-READ /data/link-file " + h + "\n", "through /data/link-file"},
+		{"other tree mounted", strings.Replace(ok, "other-tree 1", "other-tree 0", 1), "other-tree was accepted"},
+		{"attempt did not run", strings.Replace(ok, "POC-RC own-symlink 1\n", "", 1), "no result"},
+		{"read-only share written (share exported read-write)", ok + "POC-WROTE\n", "read-only share"},
+		{"own file read is fine", ok + "POC-READ /data/data.txt " + strings.Repeat("0", 64) + "\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := strings.Join(judgeFiles(tc.out, victim, mounts), "; ")
+			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
+				t.Errorf("judgeFiles = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestJudgeMemory(t *testing.T) {
+	oom := "slurm-microvm: the task was killed by the guest's out-of-memory killer: the step's memory is exhausted\n"
+	for _, tc := range []struct {
+		name     string
+		hog      Job
+		hogOut   string
+		other    Job
+		otherOut string
+		fails    int
+	}{
+		{"sound", Job{State: "FAILED"}, oom, Job{State: "COMPLETED"}, "POC-DONE\n", 0},
+		{"no reason, only a code", Job{State: "FAILED", ExitCode: "0:9"}, "srun: error: task 0: Killed\n", Job{State: "COMPLETED"}, "POC-DONE\n", 1},
+		{"hog completed", Job{State: "COMPLETED"}, "", Job{State: "COMPLETED"}, "POC-DONE\n", 2},
+		{"neighbour killed too", Job{State: "FAILED"}, oom, Job{State: "FAILED"}, "", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := judgeMemory(tc.hog, tc.hogOut, tc.other, tc.otherOut); len(got) != tc.fails {
+				t.Errorf("judgeMemory = %q, want %d failures", got, tc.fails)
+			}
+		})
+	}
+}
+
+func TestJudgeCPUs(t *testing.T) {
+	for _, tc := range []struct {
+		name                         string
+		guest, vmm, allocated, nodes int
+		fails                        int
+	}{
+		{"sound", 1, 1, 1, 4, 0},
+		{"guest sees every CPU", 4, 1, 1, 4, 2},
+		{"VMM not confined", 1, 4, 1, 4, 1},
+		{"not measured", 0, 1, 1, 4, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := judgeCPUs(tc.guest, tc.vmm, tc.allocated, tc.nodes); len(got) != tc.fails {
+				t.Errorf("judgeCPUs = %q, want %d failures", got, tc.fails)
+			}
+		})
+	}
+}
+
+func TestJudgePhases(t *testing.T) {
+	var all []string
+	for _, p := range Phases {
+		all = append(all, fmt.Sprintf("time=x level=INFO msg=phase phase=%s ms=12", p))
+	}
+	if got := judgePhases("log", strings.Join(all, "\n")); got != nil {
+		t.Errorf("every phase present: %q", got)
+	}
+	if got := judgePhases("log", strings.Join(all[1:], "\n")); len(got) != 1 || !strings.Contains(got[0], Phases[0]) {
+		t.Errorf("phase %s missing: %q", Phases[0], got)
+	}
+	if got := judgePhases("log", "msg=phase phase=image"); len(got) != 1 {
+		t.Errorf("a phase without its duration counts as missing: %q", got)
+	}
+}
+
+func TestJudgeTenantData(t *testing.T) {
+	markers := []string{"0123456789abcdef0123456789abcdef"}
+	files := map[string]string{"/var/log/slurm-microvm/1.0.0.log": "msg=phase phase=boot ms=3\n"}
+	if got := judgeTenantData(files, markers); got != nil {
+		t.Errorf("clean logs: %q", got)
+	}
+	files["/home/a/out/x.out"] = "slurm-microvm: env SMV_POC_SECRET=" + markers[0] + "\n" // log-env build
+	if got := judgeTenantData(files, markers); len(got) != 1 || !strings.Contains(got[0], "x.out") {
+		t.Errorf("leaked secret: %q", got)
+	}
+}
+
+func TestCheckpointOK(t *testing.T) {
+	data := []byte("checkpoint data\x00\x01")
+	good := append(append(append([]byte{}, data...), '\n'), []byte(fmt.Sprintf("%x\n", sha256.Sum256(data)))...)
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want bool
+	}{
+		{"complete", good, true},
+		{"truncated", good[:len(good)-10], false},
+		{"partial data", good[3:], false},
+		{"empty", nil, false},
+		{"zero-filled tail", append(append([]byte{}, good[:len(good)-66]...), make([]byte, 66)...), false},
+	} {
+		if got := checkpointOK(tc.b); got != tc.want {
+			t.Errorf("%s: checkpointOK = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestCPUCount(t *testing.T) {
+	for in, want := range map[string]int{"0": 1, "0-3": 4, "0-1,4,6-7": 5, "": 0, "3-1": 0} {
+		if got := cpuCount(in); got != want {
+			t.Errorf("cpuCount(%q) = %d, want %d", in, got, want)
+		}
+	}
+}
+
+func TestGPURequest(t *testing.T) {
+	for _, tc := range []struct {
+		in     string
+		prefix string
+		n      int
+		bad    bool
+	}{
+		{"gpu:2", "gpu", 2, false},
+		{"gpu:standin:2", "gpu:standin", 2, false},
+		{"gpu", "", 0, true},
+		{"nic:1", "", 0, true},
+		{"gpu:a100:0", "", 0, true},
+		{"gpu:x:y:1", "", 0, true},
+	} {
+		p, n, err := gpuRequest(tc.in)
+		if (err != nil) != tc.bad || p != tc.prefix || n != tc.n {
+			t.Errorf("gpuRequest(%q) = %q, %d, %v", tc.in, p, n, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), tc.in) {
+			t.Errorf("gpuRequest(%q): the error %q does not name the input", tc.in, err)
+		}
+	}
+	if got := nodeGPUs("gpu:fake:2(S:0),gpu:standin:2"); got != "gpu:fake:2" {
+		t.Errorf("nodeGPUs = %q", got)
+	}
+}
+
+func TestDrained(t *testing.T) {
+	for st, want := range map[string]bool{"idle": false, "mixed": false, "allocated": false, "drained": true, "draining": true, "down*": true, "fail": true, "idle~": false} {
+		if Drained(st) != want {
+			t.Errorf("Drained(%q) = %v", st, !want)
+		}
+	}
+}
+
+func TestStartTimes(t *testing.T) {
+	ms, failed := startTimes("POC-START-MS 2300 0\nnoise\nPOC-START-MS 2500 1\n")
+	if len(ms) != 2 || ms[0] != 2300 || ms[1] != 2500 || failed != 1 {
+		t.Errorf("startTimes = %v, %d", ms, failed)
+	}
+}
