@@ -4,7 +4,9 @@
 package poc
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -64,14 +66,19 @@ func runPOC(t *testing.T, e *harness.Env, report string, args ...string) (string
 		"--image", e.Image, "--gres", "gpu:standin:2", "--report", report}, args...)
 	cmd := exec.CommandContext(ctx, e.Launcher, argv...)
 	cmd.Env = append(e.C.Env(), "SMV_RESIDUE_TMP_IGNORE="+os.Getenv("SMV_RESIDUE_TMP_IGNORE"))
-	out, err := cmd.CombinedOutput()
+	// Streamed as it runs (a whole poc takes minutes) and kept.
+	var buf bytes.Buffer
+	cmd.Stdout = io.MultiWriter(&buf, os.Stderr)
+	cmd.Stderr = cmd.Stdout
+	err := cmd.Run()
+	out := buf.Bytes()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
 		t.Fatalf("poc: %v\n%s", err, out)
 	}
-	t.Logf("poc %s:\n%s", strings.Join(args, " "), out)
+
 	return string(out), code
 }
 
