@@ -63,6 +63,18 @@
 //     the default action would, for TERM/INT/HUP/QUIT/ALRM; rejected
 //     because it skips those traps, while Slurm's KillWait and SIGKILL
 //     (which the exec process cannot catch) still bound a task that waits.
+//   - A hung guest fails the step within a bound: while the step runs,
+//     the supervisor pings the agent on a stream of its own every
+//     [timeouts] agent_ping, and a guest that answers none for agent_hang
+//     (a VMM stopped by a signal, a locked-up guest kernel, a dead agent)
+//     fails the step (AgentHungError, in the error file first), and the
+//     VMM is killed at once, with no graceful stop a hung guest would not
+//     answer. Each task, blocked in its Wait, sees the connection end and
+//     reports the error file's reason (the VMM's own end reads "stopped",
+//     which says nothing). Alternatives: yamux's keepalive (the session
+//     would close on the first missed ping, with no reason the task can
+//     print, and a TCG guest under load can miss one without being hung),
+//     or the VMM's process state (a stopped or livelocked VMM is alive).
 //   - spec.json carries the user's paths (image, mounts, workdir) byte for
 //     byte: a value that is not UTF-8 is also written base64 under "raw",
 //     since encoding/json would replace its bytes by U+FFFD.

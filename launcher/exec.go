@@ -227,7 +227,42 @@ func (l *Launcher) Exec(ctx context.Context, stateDir string, argv, env []string
 		return driver.ExitStatus{}, err
 	}
 	defer c.Close()
-	return execIn(ctx, c, spec, io, sigs)
+	st, err := execIn(ctx, c, spec, io, sigs)
+	if err != nil {
+		return st, supervisorReason(stateDir, err)
+	}
+	return st, nil
+}
+
+// stepFailedError is a task's error when the supervisor stopped the
+// sandbox because the step failed: the supervisor's reason (the step's
+// error file), wrapping what the task saw.
+type stepFailedError struct {
+	reason string
+	err    error
+}
+
+func (e *stepFailedError) Error() string { return e.reason }
+func (e *stepFailedError) Unwrap() error { return e.err }
+
+// supervisorReason returns err, seen by a task of the sandbox of stateDir,
+// as the step's failure when its supervisor stopped the VMM after it wrote
+// the step's error file (a hung guest: AgentHungError); other errors, and
+// a stop of a step that did not fail, are returned as they are.
+func supervisorReason(stateDir string, err error) error {
+	var ve *qemu.VMMExitedError
+	if !errors.As(err, &ve) || !ve.Stopped {
+		return err
+	}
+	b, rerr := os.ReadFile(stateDir + "/" + state.ErrorFile)
+	if rerr != nil {
+		return err
+	}
+	msg := strings.TrimSpace(string(b))
+	if msg == "" {
+		return err
+	}
+	return &stepFailedError{reason: msg, err: err}
 }
 
 // guestGPUEnv renumbers CUDA_VISIBLE_DEVICES for the guest, where the

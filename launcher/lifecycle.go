@@ -37,6 +37,9 @@ type Launcher struct {
 	// afterStopMark, when set (tests), runs in Stop right after the step
 	// was marked stopped and its records were read.
 	afterStopMark func()
+	// imageHelper and imageHelperEnv, when set (tests), replace the image
+	// helper's command line (image.Options.Helper, HelperEnv).
+	imageHelper, imageHelperEnv []string
 }
 
 func (l *Launcher) log() *slog.Logger {
@@ -162,10 +165,30 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { serveErr <- sb.Serve(sctx) }()
+	hung := make(chan error, 1)
+	go func() {
+		if err := watchAgent(sctx, sb, l.Config.Timeouts.AgentPing.Duration, l.Config.Timeouts.AgentHang.Duration, log); err != nil {
+			hung <- err
+		}
+	}()
 	select {
 	case <-ctx.Done():
 		log.Info("stopping sandbox", "reason", context.Cause(ctx))
 		err := sb.Stop(context.Background())
+		cancel()
+		<-serveErr
+		return err
+	case err := <-hung:
+		log.Error("guest agent hung; killing the VMM", "err", err, "vmm_pid", sb.Pid())
+		// The reason first: a task whose connection breaks when the VMM
+		// is gone reports the error file (Exec).
+		_ = fail(d, err)
+		// No graceful stop: a hung guest does not answer it, and
+		// Stop with an ended ctx kills the VMM at once (SIGKILL ends a
+		// stopped process too).
+		now, end := context.WithCancel(context.Background())
+		end()
+		_ = sb.Stop(now)
 		cancel()
 		<-serveErr
 		return err
@@ -176,6 +199,73 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 	case err := <-serveErr:
 		_ = sb.Stop(context.Background())
 		return fail(d, err)
+	}
+}
+
+// AgentHungError is the step's failure when the guest agent answered no
+// ping for Hang (timeouts.agent_hang) while the VMM was alive: the guest is
+// frozen (a VMM stopped by a signal, a guest kernel that locked up, an
+// agent that no longer runs). The supervisor then kills the VMM.
+type AgentHungError struct {
+	// Hang is timeouts.agent_hang; Last the last error of a ping.
+	Hang time.Duration
+	Last error
+}
+
+func (e *AgentHungError) Error() string {
+	return fmt.Sprintf("the guest agent did not answer for %s (timeouts.agent_hang): the guest is hung; the microVM was stopped", e.Hang)
+}
+
+func (e *AgentHungError) Unwrap() error { return e.Last }
+
+// watchAgent pings the agent of sb every `every` while ctx lasts, and
+// returns an *AgentHungError once no ping was answered for hang (measured
+// from the last answer, or from the call); nil when ctx ends or the
+// sandbox is gone (its end is the supervisor's other case). One ping is in
+// flight at a time, bounded by the hang deadline, so a guest that froze
+// right after an answer is found hang after it, and at most one interval
+// later otherwise.
+func watchAgent(ctx context.Context, sb driver.Sandbox, every, hang time.Duration, log *slog.Logger) error {
+	last := time.Now()
+	var lastErr error
+	for {
+		deadline := last.Add(hang)
+		pctx, cancel := context.WithDeadline(ctx, deadline)
+		t0 := time.Now()
+		err := sb.Ping(pctx)
+		cancel()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sb.Done():
+			return nil
+		default:
+		}
+		if err == nil {
+			last = time.Now()
+			if took := last.Sub(t0); took > every {
+				log.Warn("guest agent slow to answer a ping", "ms", took.Milliseconds())
+			}
+		} else {
+			lastErr = err
+			if !time.Now().Before(deadline) {
+				return &AgentHungError{Hang: hang, Last: lastErr}
+			}
+			log.Warn("guest agent ping failed", "err", err)
+		}
+		wait := every
+		if err != nil {
+			// Never past the deadline: the next ping then fails at
+			// once and the hang is reported on time.
+			wait = min(wait, time.Until(deadline))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sb.Done():
+			return nil
+		case <-time.After(wait):
+		}
 	}
 }
 
@@ -523,6 +613,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		CacheRoot: filepath.Join(c.CacheDir, "images"),
 		Logger:    log,
 		Limits:    imageLimits(c.Images),
+		Helper:    l.imageHelper, HelperEnv: l.imageHelperEnv,
 	})
 	if err != nil {
 		return nil, nil, err

@@ -168,6 +168,12 @@ type Timeouts struct {
 	// StopGrace is how long a graceful guest poweroff may take before the
 	// VMM is killed.
 	StopGrace Duration `toml:"stop_grace"`
+	// AgentPing is how often the supervisor pings the guest agent while
+	// the step runs; AgentHang how long the agent may leave every ping
+	// unanswered before the guest is taken as hung and the step fails
+	// (its microVM is killed). Both positive, AgentPing < AgentHang.
+	AgentPing Duration `toml:"agent_ping"`
+	AgentHang Duration `toml:"agent_hang"`
 }
 
 // MiB is a size in mebibytes, a non-negative integer in TOML.
@@ -236,6 +242,8 @@ func Defaults() Config {
 			Boot:      Duration{90 * time.Second},
 			Start:     Duration{15 * time.Minute},
 			StopGrace: Duration{5 * time.Second},
+			AgentPing: Duration{5 * time.Second},
+			AgentHang: Duration{15 * time.Second},
 		},
 	}
 }
@@ -378,10 +386,14 @@ func (c *Config) validate(path string, data []byte) []error {
 		}
 	}
 	errs = append(errs, c.checkShares(path, data)...)
-	for key, d := range map[string]Duration{"timeouts.boot": c.Timeouts.Boot, "timeouts.start": c.Timeouts.Start, "timeouts.stop_grace": c.Timeouts.StopGrace} {
+	for key, d := range map[string]Duration{"timeouts.boot": c.Timeouts.Boot, "timeouts.start": c.Timeouts.Start, "timeouts.stop_grace": c.Timeouts.StopGrace,
+		"timeouts.agent_ping": c.Timeouts.AgentPing, "timeouts.agent_hang": c.Timeouts.AgentHang} {
 		if d.Duration <= 0 {
 			bad(key, "%s must be positive", d.Duration)
 		}
+	}
+	if p, h := c.Timeouts.AgentPing.Duration, c.Timeouts.AgentHang.Duration; p > 0 && h > 0 && p >= h {
+		bad("timeouts.agent_ping", "%s is not below timeouts.agent_hang (%s): a hung guest is detected only after a ping went unanswered; make agent_ping shorter than agent_hang (e.g. a third of it)", p, h)
 	}
 	return errs
 }

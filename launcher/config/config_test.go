@@ -69,6 +69,24 @@ func TestParse(t *testing.T) {
 		{name: "gpu driver params newline", in: "[gpu.driver.params]\nnvidia = \"a=1\\nb=2\"\n", wantErr: []string{"gpu.driver.params: nvidia: parameters contain a newline"}},
 		{name: "gpu driver params twice", in: "[gpu.driver.params]\nnvidia-uvm = \"a=1\"\nnvidia_uvm = \"a=2\"\n", wantErr: []string{"name the same module"}},
 		{name: "bad nvswitch", in: "[gpu]\nnvswitch = \"allow\"\n", wantErr: []string{"gpu.nvswitch: \"allow\" must be refuse or without-nvlink"}},
+		{name: "agent watchdog defaults", in: "", check: func(c *Config) error {
+			if c.Timeouts.AgentPing.Duration != 5*time.Second || c.Timeouts.AgentHang.Duration != 15*time.Second {
+				return fmt.Errorf("agent_ping %s agent_hang %s, want 5s and 15s", c.Timeouts.AgentPing, c.Timeouts.AgentHang)
+			}
+			return nil
+		}},
+		{name: "agent watchdog values", in: "[timeouts]\nagent_ping = \"1s\"\nagent_hang = \"4s\"\n", check: func(c *Config) error {
+			if c.Timeouts.AgentPing.Duration != time.Second || c.Timeouts.AgentHang.Duration != 4*time.Second {
+				return fmt.Errorf("agent_ping %s agent_hang %s, want 1s and 4s", c.Timeouts.AgentPing, c.Timeouts.AgentHang)
+			}
+			return nil
+		}},
+		{name: "agent_ping not below agent_hang", in: "[timeouts]\nagent_ping = \"20s\"\n",
+			wantErr: []string{"microvm.toml:2: timeouts.agent_ping: 20s is not below timeouts.agent_hang (15s)", "make agent_ping shorter"}},
+		{name: "agent_ping equal to agent_hang", in: "[timeouts]\nagent_ping = \"3s\"\nagent_hang = \"3s\"\n",
+			wantErr: []string{"timeouts.agent_ping: 3s is not below timeouts.agent_hang (3s)"}},
+		{name: "agent_hang zero", in: "[timeouts]\nagent_hang = \"0s\"\n", wantErr: []string{"microvm.toml:2: timeouts.agent_hang: 0s must be positive"}},
+		{name: "agent_ping negative", in: "[timeouts]\nagent_ping = \"-1s\"\n", wantErr: []string{"microvm.toml:2: timeouts.agent_ping: -1s must be positive"}},
 		{name: "memory below minimum", in: "[resources]\ndefault_memory_mib = 100\n", wantErr: []string{"default_memory_mib: 100 MiB is below min_memory_mib"}},
 	}
 	for _, tt := range tests {

@@ -143,6 +143,12 @@ type Sandbox interface {
 	Stop(ctx context.Context) error
 	// Pid is the VMM's pid on the host.
 	Pid() int
+	// Ping asks the guest agent for a sign of life and returns once it
+	// answered (nil), or with an error once ctx ends first or the sandbox
+	// is gone. The supervisor's watchdog calls it while the step runs
+	// (timeouts.agent_ping, timeouts.agent_hang): a VMM that is alive but
+	// whose guest no longer answers is hung.
+	Ping(ctx context.Context) error
 }
 
 // Share is one host directory mounted in the guest.

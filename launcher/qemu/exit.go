@@ -89,6 +89,10 @@ func broken(err error) bool {
 type VMMExitedError struct {
 	Reason string
 	Err    error
+	// Stopped is set when the supervisor ended the VMM itself (a stop of
+	// the step, or a failure it found, such as a hung guest): the
+	// supervisor's own reason, when it had one, is the step's error file.
+	Stopped bool
 }
 
 func (e *VMMExitedError) Error() string { return e.Reason }
@@ -112,7 +116,8 @@ func explain(ctx context.Context, stateDir string, err error) error {
 	start := time.Now()
 	for {
 		if b, rerr := os.ReadFile(filepath.Join(stateDir, VMMExitFile)); rerr == nil && len(b) > 0 {
-			return &VMMExitedError{Reason: strings.TrimSpace(string(b)), Err: err}
+			reason := strings.TrimSpace(string(b))
+			return &VMMExitedError{Reason: reason, Err: err, Stopped: reason == ExitReason(nil, true)}
 		}
 		alive := perr == nil && vmm.Alive()
 		switch {

@@ -387,6 +387,39 @@ func lastLines(s string, n int) string {
 
 func (s *sandbox) Pid() int { return s.cmd.Process.Pid }
 
+// Ping calls the agent's Ping on a stream of its own, so that exec
+// clients' streams (blocked in Wait or ReadOutput) do not delay it. A
+// stopped or frozen guest answers nothing: Ping then returns when ctx
+// ends.
+func (s *sandbox) Ping(ctx context.Context) error {
+	select {
+	case <-s.done:
+		return fmt.Errorf("ping the guest agent: %w", driver.ErrSandboxExited)
+	default:
+	}
+	conn, err := s.sess.Dial(ctx)
+	if err != nil {
+		return fmt.Errorf("ping the guest agent: %w", err)
+	}
+	c := agent.NewClient(conn)
+	defer c.Close()
+	type result struct{ err error }
+	ch := make(chan result, 1)
+	go func() {
+		_, err := c.Ping(ctx, &api.PingRequest{})
+		ch <- result{err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return fmt.Errorf("ping the guest agent: %w", r.err)
+		}
+		return nil
+	case <-s.done:
+		return fmt.Errorf("ping the guest agent: %w", driver.ErrSandboxExited)
+	}
+}
+
 func (s *sandbox) Done() <-chan struct{} { return s.done }
 
 // kill ends the VMM (its end is then recorded as a stop, not a failure)
