@@ -220,9 +220,10 @@ func faultChecks() []checkDef {
 	return defs
 }
 
-// agentHangBound is the launcher's hung-agent bound (timeouts.agent_hang).
+// agentHangBound is the launcher's hung-agent bound: timeouts.agent_hang
+// plus one ping interval (timeouts.agent_ping).
 func agentHangBound(r *run) time.Duration {
-	return 15 * time.Second // MERGE: timeouts.agent_hang
+	return r.o.Config.Timeouts.AgentHang.Duration + r.o.Config.Timeouts.AgentPing.Duration
 }
 
 // writeFault switches stage on for job (smv_faults build only).
