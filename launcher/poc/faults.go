@@ -42,8 +42,16 @@ type faultSpec struct {
 	expect func(jb Job, out string, took time.Duration) []string
 	// wait bounds the job's run (default 5 min).
 	wait time.Duration
-	// noReady: the step never becomes ready (a start fault).
-	noReady bool
+	// stepOut: the step writes its output itself (stepOutput); expect
+	// gets it after the batch output.
+	stepOut string
+}
+
+// stepOutput is argv with srun's --output to a file of the tenant A's
+// tree that slurmstepd writes on the node: a trap's output is kept even
+// when the batch script's srun is itself cancelled before it relays it.
+func (r *run) stepOutput(name string, argv ...string) []string {
+	return append([]string{"--output=" + filepath.Join(r.treeOf(r.tenants[0]), "out", name+"-step-%j.out")}, argv...)
 }
 
 func (r *run) faultCheck(ctx context.Context, c *report.Check, name string, f faultSpec) (Job, string) {
@@ -60,6 +68,9 @@ func (r *run) faultCheck(ctx context.Context, c *report.Check, name string, f fa
 		return Job{}, ""
 	}
 	v.job(j)
+	if f.stepOut != "" {
+		j.stepOut = filepath.Join(r.treeOf(r.tenants[0]), "out", fmt.Sprintf("%s-step-%d.out", f.stepOut, j.id))
+	}
 	if f.beforeRelease != nil {
 		if err := f.beforeRelease(j.id); err != nil {
 			v.fail("%v", err)
@@ -144,14 +155,16 @@ func faultChecks() []checkDef {
 			}})
 		}},
 		{"fault.scancel-step", "scancel of a step: the workload's TERM trap runs, the step ends", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "cancelstep", faultSpec{body: r.srunLine("sh", "-c", trapLoop("TERM") + " & wait; exit 0"),
-				action: func(ctx context.Context, j *job, _ string) error { return r.slurm.Scancel(ctx, fmt.Sprintf("%d.0", j.id)) },
+			r.faultCheck(ctx, c, "cancelstep", faultSpec{body: r.srunLine(r.stepOutput("cancelstep", "sh", "-c", trapLoop("TERM"))...), stepOut: "cancelstep",
+				action: func(ctx context.Context, j *job, _ string) error {
+					return r.slurm.Scancel(ctx, fmt.Sprintf("%d.0", j.id))
+				},
 				expect: func(jb Job, out string, _ time.Duration) []string {
 					return want(strings.Contains(out, "POC-TRAPPED-TERM"), "the workload's TERM trap did not run")
 				}})
 		}},
 		{"fault.scancel-job", "scancel of a job: the workload's TERM trap runs, the job ends CANCELLED", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "canceljob", faultSpec{body: r.srunLine("sh", "-c", trapLoop("TERM")),
+			r.faultCheck(ctx, c, "canceljob", faultSpec{body: r.srunLine(r.stepOutput("canceljob", "sh", "-c", trapLoop("TERM"))...), stepOut: "canceljob",
 				action: func(ctx context.Context, j *job, _ string) error { return r.slurm.Scancel(ctx, strconv.Itoa(j.id)) },
 				expect: func(jb Job, out string, _ time.Duration) []string {
 					return append(want(jb.State == "CANCELLED", "ended %s, want CANCELLED", jb.State),
@@ -161,7 +174,9 @@ func faultChecks() []checkDef {
 		{"fault.time-limit", "a job over its time limit ends TIMEOUT; --signal=USR1@T reaches the workload first", checkTimeLimit},
 		{"fault.vmm-killed", "the VMM killed with SIGKILL mid-step: srun reports it within seconds, naming the VMM", func(ctx context.Context, r *run, c *report.Check) {
 			r.faultCheck(ctx, c, "vmmkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop()),
-				action: func(ctx context.Context, j *job, dir string) error { return signalRecorded(dir, state.VMMPidFile, syscall.SIGKILL) },
+				action: func(ctx context.Context, j *job, dir string) error {
+					return signalRecorded(dir, state.VMMPidFile, syscall.SIGKILL)
+				},
 				expect: func(jb Job, out string, took time.Duration) []string {
 					return append(append(want(jb.State != "COMPLETED", "ended COMPLETED"),
 						want(strings.Contains(out, "VMM"), "srun's output does not name the VMM")...),
@@ -200,7 +215,9 @@ func faultChecks() []checkDef {
 		{"fault.agent-hung", "a hung guest (the VMM stopped, so the agent cannot answer) is detected within a bounded time", func(ctx context.Context, r *run, c *report.Check) {
 			bound := agentHangBound(r) + 15*time.Second
 			r.faultCheck(ctx, c, "agenthang", faultSpec{body: r.srunLine("sh", "-c", trapLoop()),
-				action: func(ctx context.Context, j *job, dir string) error { return signalRecorded(dir, state.VMMPidFile, syscall.SIGSTOP) },
+				action: func(ctx context.Context, j *job, dir string) error {
+					return signalRecorded(dir, state.VMMPidFile, syscall.SIGSTOP)
+				},
 				expect: func(jb Job, out string, took time.Duration) []string {
 					return append(append(want(jb.State != "COMPLETED", "ended COMPLETED"),
 						want(strings.Contains(out, "agent"), "srun's output does not name the guest agent")...),
@@ -258,7 +275,7 @@ func (r *run) startFault(ctx context.Context, c *report.Check, st fault.Stage) {
 }
 
 func checkTimeLimit(ctx context.Context, r *run, c *report.Check) {
-	r.faultCheck(ctx, c, "timelimit", faultSpec{body: r.srunLine("sh", "-c", trapLoop("USR1", "TERM")),
+	r.faultCheck(ctx, c, "timelimit", faultSpec{body: r.srunLine(r.stepOutput("timelimit", "sh", "-c", trapLoop("USR1", "TERM"))...), stepOut: "timelimit",
 		args: []string{"-t", "1", "--signal=USR1@45"}, wait: 4 * time.Minute,
 		expect: func(jb Job, out string, _ time.Duration) []string {
 			return append(append(want(jb.State == "TIMEOUT", "ended %s, want TIMEOUT", jb.State),

@@ -14,8 +14,9 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
-// oomReason is how a task killed by the guest's OOM killer is reported.
-var oomReason = regexp.MustCompile(`(?i)out-of-memory|out of memory`)
+// oomReason is how the exec entry reports a task killed by the guest's
+// OOM killer (not a program's own "out of memory" on a failed malloc).
+var oomReason = regexp.MustCompile(`out-of-memory killer`)
 
 // judgeMemory: the hog must fail with the reason on its stderr, the other
 // tenant's step must complete.
@@ -47,7 +48,7 @@ func checkMemory(ctx context.Context, r *run, c *report.Check) {
 	if _, err := r.waitReady(ctx, other, 0, 5*time.Minute); err != nil {
 		v.fail("%v", err)
 	}
-	hog, err := r.sbatch(ctx, a, "mem-hog", r.srunLine("dd", "if=/dev/zero", "of=/dev/null", "bs=1500M", "count=1"), "-t", "5", "--mem=512", "-c1")
+	hog, err := r.sbatch(ctx, a, "mem-hog", r.srunLine("tail", "/dev/zero"), "-t", "5", "--mem=512", "-c1")
 	if err != nil {
 		v.fail("%v", err)
 		return

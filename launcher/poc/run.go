@@ -68,7 +68,7 @@ type run struct {
 	node    NodeInfo
 	markers map[string]tenantData
 
-	mu   sync.Mutex
+	mu     sync.Mutex
 	jobs   []int           // every job submitted, for cleanup
 	byName map[string]*job // the last job of each name
 }
