@@ -11,8 +11,11 @@
 //   - loop devices (/sys/block/loop*/loop/backing_file) backed by a file
 //     under the scope's paths or a new one under /tmp or /var/tmp;
 //   - processes in Slurm job cgroups that did not exist before (a job_N
-//     directory under /sys/fs/cgroup), and new processes of the scope's
-//     programs (QEMU, virtiofsd, the launcher);
+//     directory under /sys/fs/cgroup), such a directory itself while it
+//     is still there, and new processes of the scope's programs (QEMU,
+//     virtiofsd, the launcher);
+//   - PCI devices newly bound to vfio-pci (a GPU or VF the step took and
+//     did not give back);
 //   - state directories in the runtime directory and sockets naming it;
 //   - work directories in the cache (tmp-*, .tmp-*), wherever they are;
 //   - entries created in /tmp and /var/tmp since the snapshot (test
@@ -38,6 +41,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -79,6 +83,9 @@ type Scope struct {
 	// NetLeftover tells whether an interface (name, ifalias) or an
 	// nftables table (name, "") is a step's; nil is network.Leftover.
 	NetLeftover func(name, alias string) bool
+	// SysRoot is where sysfs is mounted ("" : /sys); tests give a fake
+	// tree.
+	SysRoot string
 }
 
 // Snapshot is the host as it was before a test.
@@ -91,6 +98,7 @@ type Snapshot struct {
 	tmp    map[string]bool
 	state  map[string]bool
 	net    map[string]bool // netObject keys
+	vfio   map[string]bool // PCI addresses bound to vfio-pci
 }
 
 // Take records the host's state for scope.
@@ -99,7 +107,10 @@ func Take(scope Scope) *Snapshot {
 		scope.TmpDirs = []string{"/tmp", "/var/tmp"}
 	}
 	s := &Snapshot{scope: scope, mounts: map[string]bool{}, loops: map[string]bool{}, procs: map[int]bool{},
-		cgroup: map[string]bool{}, tmp: map[string]bool{}, state: map[string]bool{}, net: map[string]bool{}}
+		cgroup: map[string]bool{}, tmp: map[string]bool{}, state: map[string]bool{}, net: map[string]bool{}, vfio: map[string]bool{}}
+	if s.scope.SysRoot == "" {
+		s.scope.SysRoot = "/sys"
+	}
 	for _, m := range mounts() {
 		s.mounts[mountKey(m)] = true
 	}
@@ -109,8 +120,11 @@ func Take(scope Scope) *Snapshot {
 	for _, p := range pids() {
 		s.procs[p] = true
 	}
-	for _, d := range jobCgroups() {
+	for _, d := range jobCgroups(s.scope.SysRoot) {
 		s.cgroup[d] = true
+	}
+	for _, a := range vfioBound(s.scope.SysRoot) {
+		s.vfio[a] = true
 	}
 	for _, d := range scope.TmpDirs {
 		for _, n := range names(d) {
@@ -161,12 +175,21 @@ func (s *Snapshot) Left() []string {
 			out = append(out, fmt.Sprintf("loop device /dev/%s backed by %s", dev, file))
 		}
 	}
-	for _, d := range jobCgroups() {
+	for _, d := range jobCgroups(s.scope.SysRoot) {
 		if s.cgroup[d] {
 			continue
 		}
-		for _, p := range cgroupProcs(d) {
+		procs := cgroupProcs(d)
+		for _, p := range procs {
 			out = append(out, fmt.Sprintf("process %d in the job cgroup %s: %s", p, d, cmdline(p)))
+		}
+		if len(procs) == 0 {
+			out = append(out, "cgroup directory "+d)
+		}
+	}
+	for _, a := range vfioBound(s.scope.SysRoot) {
+		if !s.vfio[a] {
+			out = append(out, "VFIO binding of PCI device "+a+" (vfio-pci)")
 		}
 	}
 	for _, p := range pids() {
@@ -249,6 +272,22 @@ func (s *Snapshot) WaitClean(ctx context.Context, timeout time.Duration) []strin
 	}
 }
 
+// vfioBound lists the PCI addresses bound to vfio-pci (the links
+// <sys>/bus/pci/drivers/vfio-pci/DDDD:BB:DD.F), none when the driver is
+// not loaded.
+func vfioBound(sys string) []string {
+	var out []string
+	entries, _ := os.ReadDir(filepath.Join(sys, "bus", "pci", "drivers", "vfio-pci"))
+	for _, e := range entries {
+		if pciAddr.MatchString(e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+var pciAddr = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
+
 func mounts() []*mountinfo.Info {
 	ms, _ := mountinfo.GetMounts(nil)
 	return ms
@@ -299,9 +338,10 @@ func cmdline(pid int) string {
 // jobCgroups lists the Slurm job cgroup directories (job_N) of every
 // hierarchy: cgroup v1 (<controller>/slurm*/uid_U/job_N) and v2
 // (.../job_N under slurmd's or slurmstepd's scope).
-func jobCgroups() []string {
+func jobCgroups(sys string) []string {
 	var out []string
-	_ = filepath.WalkDir("/sys/fs/cgroup", func(p string, d fs.DirEntry, err error) error {
+	root := filepath.Join(sys, "fs", "cgroup")
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return nil
 		}
@@ -309,7 +349,7 @@ func jobCgroups() []string {
 			out = append(out, p)
 			return filepath.SkipDir
 		}
-		if strings.Count(p, "/") > 8 {
+		if strings.Count(strings.TrimPrefix(p, root), "/") > 5 {
 			return filepath.SkipDir
 		}
 		return nil

@@ -120,3 +120,41 @@ func TestCompilerTemp(t *testing.T) {
 		}
 	}
 }
+
+// TestSysfsLeftovers: a job cgroup directory that outlives its job and a
+// device left bound to vfio-pci are reported, in a fake sysfs tree;
+// what existed before the snapshot is not.
+func TestSysfsLeftovers(t *testing.T) {
+	sys := t.TempDir()
+	vfio := filepath.Join(sys, "bus/pci/drivers/vfio-pci")
+	cg := filepath.Join(sys, "fs/cgroup/system.slice/slurmstepd.scope")
+	for _, d := range []string{vfio, filepath.Join(cg, "job_1")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("../../../../devices/pci0000:00/0000:00:02.0", filepath.Join(vfio, "0000:00:02.0")); err != nil {
+		t.Fatal(err)
+	}
+	before := Take(Scope{SysRoot: sys, TmpDirs: []string{t.TempDir()}})
+	if err := os.Symlink("../../../../devices/pci0000:3a/0000:3b:00.0", filepath.Join(vfio, "0000:3b:00.0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(vfio, "new_id"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(cg, "job_2", "step_0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(before.Left(), "\n")
+	for _, want := range []string{"VFIO binding of PCI device 0000:3b:00.0", "cgroup directory " + filepath.Join(cg, "job_2")} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Left lacks %q:\n%s", want, got)
+		}
+	}
+	for _, old := range []string{"0000:00:02.0", "job_1", "new_id"} {
+		if strings.Contains(got, old) {
+			t.Errorf("Left blames %s, which is not new:\n%s", old, got)
+		}
+	}
+}
