@@ -151,10 +151,15 @@ func hasPrefix(id string, prefixes []string) bool {
 }
 
 // switchOn turns smv_faults behaviours on for every job (fault.Dir/all)
-// until the test ends.
+// until the test ends. The directory and file are readable by all (still
+// root's, written by no one else): log-env is read by the exec entry,
+// which runs as the job's user.
 func switchOn(t *testing.T, stages ...fault.Stage) {
 	t.Helper()
-	if err := os.MkdirAll(fault.Dir, 0o700); err != nil {
+	if err := os.MkdirAll(fault.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(fault.Dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
@@ -162,7 +167,7 @@ func switchOn(t *testing.T, stages ...fault.Stage) {
 		b.WriteString(string(s) + "\n")
 	}
 	all := filepath.Join(fault.Dir, "all")
-	if err := os.WriteFile(all, []byte(b.String()), 0o600); err != nil {
+	if err := os.WriteFile(all, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
