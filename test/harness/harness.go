@@ -100,11 +100,15 @@ func SetupWith(t testing.TB, tune func(*cluster.Options), clusterEnv ...string) 
 			t.Fatal(err)
 		}
 	}
-	// The launcher under test is the stand-in build (tag smv_gpu_standin,
-	// launcher/gpu_standin.go): gres.conf's Type=standin GPUs boot without
-	// VFIO, which this machine cannot do. It is built here, never into
-	// the repository's bin/, so `make install` never installs it.
-	standin := exec.Command("go", "build", "-trimpath", "-tags", "smv_gpu_standin", "-o", filepath.Join(bin, "slurm-microvm"), "./cmd/slurm-microvm")
+	// The launcher under test is the test build: tag smv_gpu_standin
+	// (launcher/gpu_standin.go: gres.conf's Type=standin GPUs boot without
+	// VFIO, which this machine cannot do) and tag smv_faults (package
+	// launcher/fault: root's switch files in fault.Dir make a step's start
+	// fail at a named stage, or the build misbehave for one job; off
+	// while Dir is empty). It is built here, never into the repository's
+	// bin/ (make build refuses both tags: hack/no-test-tags.sh), so
+	// `make install` never installs it.
+	standin := exec.Command("go", "build", "-trimpath", "-tags", "smv_gpu_standin,smv_faults", "-o", filepath.Join(bin, "slurm-microvm"), "./cmd/slurm-microvm")
 	standin.Dir = repo
 	if out, err := standin.CombinedOutput(); err != nil {
 		t.Fatalf("build the stand-in launcher: %v\n%s", err, out)
