@@ -46,6 +46,8 @@ type Options struct {
 	ArrayTasks, BackToBack int
 	// Only runs the checks whose id starts with one of these (all: nil).
 	Only []string
+	// Keep leaves the tenants' poc trees (job outputs) in place.
+	Keep bool
 	// Env is the environment of Slurm's commands (PATH, SLURM_CONF).
 	Env []string
 	// Version goes into the report.
@@ -272,7 +274,9 @@ func (r *run) cleanup() {
 		}
 	}
 	for _, t := range r.tenants {
-		if t != nil {
+		if t != nil && r.o.Keep {
+			r.log.Info("kept the poc's tree", "user", t.Name, "dir", r.treeOf(t))
+		} else if t != nil {
 			_ = os.RemoveAll(r.treeOf(t))
 			_ = os.Remove(filepath.Join(t.Home, PocDirName)) // only when empty
 		}
