@@ -794,6 +794,14 @@ func (l *Launcher) GC(ctx context.Context, job uint32, node string) error {
 			l.log().Warn("removed leftover step network objects", "job", job, "node", node, "objects", removed)
 		}
 	}
+	// Cgroup directories a killed slurmstepd left (only empty ones).
+	if os.Geteuid() == 0 {
+		if removed, err := cgroup.RemoveJobDirs("/sys/fs/cgroup", job); err != nil {
+			errs = append(errs, err)
+		} else if len(removed) > 0 {
+			l.log().Warn("removed leftover cgroup directories of the job", "job", job, "dirs", removed)
+		}
+	}
 	// Scratch of steps whose state is already gone (a crashed stop).
 	if err := l.Config.Mounts.RemoveJobScratch(job, node); err != nil {
 		errs = append(errs, err)

@@ -1,0 +1,69 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// RemoveJobDirs removes the empty cgroup directories of job that Slurm
+// left under root (normally /sys/fs/cgroup): ".../job_<job>" and its
+// step_* children, in every v1 hierarchy and on the unified one, at most
+// six levels down (Slurm's layout: [hierarchy/]<prefix>/uid_<uid>/job_<id>,
+// cgroup.conf(5)). A slurmstepd that is killed never removes its job's
+// directories, and Slurm does not come back to them. Only directories
+// without processes go: rmdir(2) refuses a cgroup that has tasks or
+// children (EBUSY), and such a directory is left alone, not an error. It
+// returns the directories removed.
+//
+// Design decision: the job's epilog (`gc --job`) removes them, not the
+// supervisor: the supervisor may itself be what was killed, and the
+// epilog runs once every process of the job on the node is gone.
+func RemoveJobDirs(root string, job uint32) ([]string, error) {
+	name := "job_" + strconv.FormatUint(uint64(job), 10)
+	var dirs []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p == root {
+				return err
+			}
+			return nil
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		if d.Name() == name {
+			_ = filepath.WalkDir(p, func(q string, e fs.DirEntry, err error) error {
+				if err == nil && e.IsDir() {
+					dirs = append(dirs, q)
+				}
+				return nil
+			})
+			return filepath.SkipDir
+		}
+		if strings.Count(strings.TrimPrefix(p, root), "/") >= 6 {
+			return filepath.SkipDir
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("find cgroup directories of job %d under %s: %w", job, root, err)
+	}
+	// Deepest first: a step directory before its job directory.
+	sort.Slice(dirs, func(i, j int) bool { return strings.Count(dirs[i], "/") > strings.Count(dirs[j], "/") })
+	var removed []string
+	for _, d := range dirs {
+		if err := os.Remove(d); err == nil {
+			removed = append(removed, d)
+		}
+	}
+	return removed, nil
+}

@@ -1,0 +1,56 @@
+package cgroup
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// TestRemoveJobDirs: the job's empty directories go, deepest first; a
+// non-empty one stays (on a real cgroupfs: one with tasks), other jobs'
+// stay. In a plain directory tree, rmdir of a directory with a file
+// stands in for a cgroup with tasks.
+func TestRemoveJobDirs(t *testing.T) {
+	root := t.TempDir()
+	mk := func(p string) string {
+		p = filepath.Join(root, p)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	gone := []string{
+		mk("cpuset/slurm_n1/uid_1001/job_5/step_0"),
+		mk("memory/slurm_n1/uid_1001/job_5/step_batch"),
+	}
+	gone = append(gone, filepath.Dir(gone[0]), filepath.Dir(gone[1]))
+	busy := mk("freezer/slurm_n1/uid_1001/job_5/step_extern")
+	if err := os.WriteFile(filepath.Join(busy, "tasks"), []byte("42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	other := mk("cpuset/slurm_n1/uid_1001/job_50")
+	v2 := mk("system.slice/slurmstepd.scope/job_5/step_0/user/task_0")
+	gone = append(gone, v2, filepath.Dir(v2), filepath.Dir(filepath.Dir(v2)), filepath.Dir(filepath.Dir(filepath.Dir(v2))))
+
+	removed, err := RemoveJobDirs(root, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range gone {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("%s is still there", d)
+		}
+		if !slices.Contains(removed, d) {
+			t.Errorf("%s not in the removed list %v", d, removed)
+		}
+	}
+	for _, d := range []string{busy, filepath.Dir(busy), other} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s was removed: %v", d, err)
+		}
+	}
+	if r, err := RemoveJobDirs(filepath.Join(root, "absent"), 5); err != nil || r != nil {
+		t.Errorf("absent root: %v, %v", r, err)
+	}
+}
