@@ -18,12 +18,18 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
-// trapLoop is a workload that prints POC-UP, runs until a signal, and
-// prints POC-TRAPPED-<SIG> from its trap.
+// trapLoop is a workload that prints POC-UP and runs for up to ten
+// minutes; for each of sigs its trap prints POC-TRAPPED-<SIG>, and the
+// TERM trap then exits 0, as a workload that saves its state on TERM
+// does.
 func trapLoop(sigs ...string) string {
 	s := ""
 	for _, sig := range sigs {
-		s += "trap 'echo POC-TRAPPED-" + sig + "' " + sig + "; "
+		then := ""
+		if sig == "TERM" {
+			then = "; exit 0"
+		}
+		s += "trap 'echo POC-TRAPPED-" + sig + then + "' " + sig + "; "
 	}
 	return s + "echo POC-UP; i=0; while [ $i -lt 3000 ]; do sleep 0.2; i=$((i+1)); done"
 }
