@@ -1,7 +1,6 @@
 package poc
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -342,29 +341,41 @@ func checkStepdKilled(ctx context.Context, r *run, c *report.Check) {
 func checkRequeue(ctx context.Context, r *run, c *report.Check) {
 	var firstLeft []string
 	var second bool
-	r.faultCheck(ctx, c, "requeue", faultSpec{body: r.srunLine("sh", "-c", trapLoop()), args: []string{"--requeue"},
+	r.faultCheck(ctx, c, "requeue", faultSpec{body: r.srunLine("sh", "-c", trapLoop()), args: []string{"--requeue"}, wait: 8 * time.Minute,
 		action: func(ctx context.Context, j *job, dir string) error {
+			// The first run, as the node knows it: its state
+			// directory (by inode: a requeued run may reuse the name)
+			// and its supervisor and VMM.
+			var first []state.Proc
+			for _, f := range []string{state.SupervisorFile, state.VMMPidFile} {
+				if p, err := state.ReadProc(filepath.Join(dir, f)); err == nil {
+					first = append(first, p)
+				}
+			}
+			var ino uint64
+			if fi, err := os.Stat(dir); err == nil {
+				ino = fi.Sys().(*syscall.Stat_t).Ino
+			}
 			if _, err := r.slurm.root(ctx, "scontrol", "requeue", strconv.Itoa(j.id)); err != nil {
 				return err
 			}
-			// The second run: restart 1.
-			deadline := time.Now().Add(4 * time.Minute)
-			for time.Now().Before(deadline) {
-				m, _ := filepath.Glob(filepath.Join(r.o.Config.RuntimeDir, fmt.Sprintf("%d.0.1.%s", j.id, r.o.Node), state.ReadyFile))
-				if len(m) > 0 {
-					second = true
-					break
+			// The second run (Slurm delays a requeued job's start).
+			deadline := time.Now().Add(6 * time.Minute)
+			for time.Now().Before(deadline) && ctx.Err() == nil && !second {
+				m, _ := filepath.Glob(filepath.Join(r.o.Config.RuntimeDir, fmt.Sprintf("%d.0.*.%s", j.id, r.o.Node), state.ReadyFile))
+				for _, p := range m {
+					if fi, err := os.Stat(filepath.Dir(p)); err == nil && fi.Sys().(*syscall.Stat_t).Ino != ino {
+						second = true
+					}
 				}
 				time.Sleep(500 * time.Millisecond)
 			}
-			first := state.StepID{Job: uint32(j.id), Node: r.o.Node}.String()
-			if _, err := os.Stat(filepath.Join(r.o.Config.RuntimeDir, first)); err == nil {
-				firstLeft = append(firstLeft, "state "+first)
+			if fi, err := os.Stat(dir); err == nil && fi.Sys().(*syscall.Stat_t).Ino == ino {
+				firstLeft = append(firstLeft, "state "+dir)
 			}
-			procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-			for _, p := range procs {
-				if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(first)) {
-					firstLeft = append(firstLeft, "process "+filepath.Base(filepath.Dir(p)))
+			for _, p := range first {
+				if p.Alive() {
+					firstLeft = append(firstLeft, fmt.Sprintf("process %d", p.Pid))
 				}
 			}
 			return r.slurm.Scancel(ctx, strconv.Itoa(j.id))
