@@ -43,8 +43,12 @@ type faultSpec struct {
 	// action runs once the step's sandbox is ready (dir) and its output
 	// holds POC-UP (nil: none, the job runs to its end).
 	action func(ctx context.Context, j *job, dir string) error
-	// expect judges the ended job; took is from the action to the job's end.
+	// expect judges the ended job; took is from the action to the job's
+	// end. nil: expectations[check id] (start faults: "fault.start").
 	expect func(jb Job, out string, took time.Duration) []string
+	// bound is the longest the job may take to end after the action.
+	bound time.Duration
+	stage fault.Stage
 	// wait bounds the job's run (default 5 min).
 	wait time.Duration
 	// stepOut: the step writes its output itself (stepOutput); expect
@@ -110,7 +114,18 @@ func (r *run) faultCheck(ctx context.Context, c *report.Check, name string, f fa
 		_, _ = r.wait(ctx, j, time.Minute)
 	}
 	out := j.output()
-	for _, e := range f.expect(jb, out, end.Sub(acted)) {
+	expect := f.expect
+	if expect == nil {
+		id := c.ID
+		if f.stage != "" {
+			id = "fault.start"
+		}
+		judge := expectations[id]
+		expect = func(jb Job, out string, took time.Duration) []string {
+			return judge(outcome{Job: jb, Out: out, Took: took, Bound: f.bound, Stage: f.stage})
+		}
+	}
+	for _, e := range expect(jb, out, end.Sub(acted)) {
 		v.fail("%s", e)
 	}
 	v.note("job %d ended %s, exit %s, %s after the fault", j.id, jb.State, jb.ExitCode, end.Sub(acted).Round(100*time.Millisecond))
@@ -119,6 +134,69 @@ func (r *run) faultCheck(ctx context.Context, c *report.Check, name string, f fa
 	}
 	r.cleanupAfter(ctx, v, snap, end)
 	return jb, out
+}
+
+// outcome is what a fault check saw of its job: the job's end, its
+// output, the time from the fault to the job's end, and the check's bound.
+type outcome struct {
+	Job   Job
+	Out   string
+	Took  time.Duration
+	Bound time.Duration
+	Stage fault.Stage // of a start fault
+}
+
+// expectations judge the outcome of each fault check, by check id; a
+// check with its own judgement (requeue, checkpoint) is not here.
+var expectations = map[string]func(o outcome) []string{
+	"fault.exit-0": func(o outcome) []string {
+		return want(o.Job.State == "COMPLETED" && o.Job.ExitCode == "0:0", "ended %s exit %s, want COMPLETED 0:0", o.Job.State, o.Job.ExitCode)
+	},
+	"fault.exit-n": func(o outcome) []string {
+		return want(o.Job.State == "FAILED" && o.Job.ExitCode == "7:0", "ended %s exit %s, want FAILED 7:0", o.Job.State, o.Job.ExitCode)
+	},
+	"fault.signal": func(o outcome) []string {
+		return append(want(o.Job.State != "COMPLETED", "ended COMPLETED"),
+			want(strings.Contains(o.Out, "Terminated"), "srun did not report the task Terminated")...)
+	},
+	"fault.scancel-step": func(o outcome) []string {
+		return append(want(o.Job.State != "RUNNING", "the job still runs"),
+			want(strings.Contains(o.Out, "POC-TRAPPED-TERM"), "the workload's TERM trap did not run")...)
+	},
+	"fault.scancel-job": func(o outcome) []string {
+		return append(want(o.Job.State == "CANCELLED", "ended %s, want CANCELLED", o.Job.State),
+			want(strings.Contains(o.Out, "POC-TRAPPED-TERM"), "the workload's TERM trap did not run")...)
+	},
+	"fault.time-limit": func(o outcome) []string {
+		return append(append(want(o.Job.State == "TIMEOUT", "ended %s, want TIMEOUT", o.Job.State),
+			want(strings.Contains(o.Out, "POC-TRAPPED-USR1"), "--signal=USR1@45 did not reach the workload")...),
+			want(strings.Contains(o.Out, "POC-TRAPPED-TERM"), "the workload's TERM trap did not run at the time limit")...)
+	},
+	"fault.vmm-killed": func(o outcome) []string {
+		return append(append(want(o.Job.State != "COMPLETED", "ended COMPLETED"),
+			want(strings.Contains(o.Out, "VMM"), "srun's output does not name the VMM")...),
+			want(o.Took < o.Bound, "the job ended %s after the kill (want < %s)", o.Took.Round(time.Second), o.Bound)...)
+	},
+	"fault.supervisor-killed": func(o outcome) []string {
+		return append(want(o.Job.State != "COMPLETED", "ended COMPLETED"),
+			want(o.Took < o.Bound, "the job ended %s after the kill (want < %s)", o.Took.Round(time.Second), o.Bound)...)
+	},
+	"fault.exec-killed": func(o outcome) []string {
+		return append(want(o.Job.State != "COMPLETED", "ended COMPLETED"),
+			want(o.Took < o.Bound, "the job ended %s after the kill (want < %s)", o.Took.Round(time.Second), o.Bound)...)
+	},
+	"fault.agent-hung": func(o outcome) []string {
+		return append(append(want(o.Job.State != "COMPLETED", "ended COMPLETED"),
+			want(strings.Contains(o.Out, "agent"), "srun's output does not name the guest agent")...),
+			want(o.Took < o.Bound, "detected after %s (want < %s)", o.Took.Round(time.Second), o.Bound)...)
+	},
+	"fault.start": func(o outcome) []string {
+		return append(want(o.Job.State != "COMPLETED", "ended COMPLETED"),
+			want(strings.Contains(o.Out, fmt.Sprintf("fault injected at stage %q", o.Stage)), "srun's output does not give the stage %q", o.Stage)...)
+	},
+	"fault.slurmstepd-killed": func(o outcome) []string {
+		return want(o.Job.State != "COMPLETED" && o.Job.State != "RUNNING", "ended %s", o.Job.State)
+	},
 }
 
 // want is a list of failures unless cond.
@@ -144,37 +222,25 @@ func signalRecorded(dir, file string, sig syscall.Signal) error {
 func faultChecks() []checkDef {
 	defs := []checkDef{
 		{"fault.exit-0", "a workload that exits 0 completes; nothing is left", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "exit0", faultSpec{body: r.srunLine("true"), expect: func(jb Job, out string, _ time.Duration) []string {
-				return want(jb.State == "COMPLETED" && jb.ExitCode == "0:0", "ended %s exit %s, want COMPLETED 0:0", jb.State, jb.ExitCode)
-			}})
+			r.faultCheck(ctx, c, "exit0", faultSpec{body: r.srunLine("true")})
 		}},
 		{"fault.exit-n", "a workload's exit code N is the job's", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "exitn", faultSpec{body: r.srunLine("sh", "-c", "exit 7"), expect: func(jb Job, out string, _ time.Duration) []string {
-				return want(jb.State == "FAILED" && jb.ExitCode == "7:0", "ended %s exit %s, want FAILED 7:0", jb.State, jb.ExitCode)
-			}})
+			r.faultCheck(ctx, c, "exitn", faultSpec{body: r.srunLine("sh", "-c", "exit 7")})
 		}},
 		{"fault.signal", "a workload killed by a signal is reported as killed by it", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "sig", faultSpec{body: r.srunLine("sh", "-c", "kill -TERM $$"), expect: func(jb Job, out string, _ time.Duration) []string {
-				return append(want(jb.State != "COMPLETED", "ended COMPLETED"),
-					want(strings.Contains(out, "Terminated"), "srun did not report the task Terminated")...)
-			}})
+			r.faultCheck(ctx, c, "sig", faultSpec{body: r.srunLine("sh", "-c", "kill -TERM $$")})
 		}},
 		{"fault.scancel-step", "scancel of a step: the workload's TERM trap runs, the step ends", func(ctx context.Context, r *run, c *report.Check) {
 			r.faultCheck(ctx, c, "cancelstep", faultSpec{body: r.srunLine(r.stepOutput("cancelstep", "sh", "-c", trapLoop("TERM"))...), stepOut: "cancelstep",
 				action: func(ctx context.Context, j *job, _ string) error {
 					return r.slurm.Scancel(ctx, fmt.Sprintf("%d.0", j.id))
 				},
-				expect: func(jb Job, out string, _ time.Duration) []string {
-					return want(strings.Contains(out, "POC-TRAPPED-TERM"), "the workload's TERM trap did not run")
-				}})
+			})
 		}},
 		{"fault.scancel-job", "scancel of a job: the workload's TERM trap runs, the job ends CANCELLED", func(ctx context.Context, r *run, c *report.Check) {
 			r.faultCheck(ctx, c, "canceljob", faultSpec{body: r.srunLine(r.stepOutput("canceljob", "sh", "-c", trapLoop("TERM"))...), stepOut: "canceljob",
 				action: func(ctx context.Context, j *job, _ string) error { return r.slurm.Scancel(ctx, strconv.Itoa(j.id)) },
-				expect: func(jb Job, out string, _ time.Duration) []string {
-					return append(want(jb.State == "CANCELLED", "ended %s, want CANCELLED", jb.State),
-						want(strings.Contains(out, "POC-TRAPPED-TERM"), "the workload's TERM trap did not run")...)
-				}})
+			})
 		}},
 		{"fault.time-limit", "a job over its time limit ends TIMEOUT; --signal=USR1@T reaches the workload first", checkTimeLimit},
 		{"fault.vmm-killed", "the VMM killed with SIGKILL mid-step: srun reports it within seconds, naming the VMM", func(ctx context.Context, r *run, c *report.Check) {
@@ -182,21 +248,14 @@ func faultChecks() []checkDef {
 				action: func(ctx context.Context, j *job, dir string) error {
 					return signalRecorded(dir, state.VMMPidFile, syscall.SIGKILL)
 				},
-				expect: func(jb Job, out string, took time.Duration) []string {
-					return append(append(want(jb.State != "COMPLETED", "ended COMPLETED"),
-						want(strings.Contains(out, "VMM"), "srun's output does not name the VMM")...),
-						want(took < 30*time.Second, "the job ended %s after the kill (want < 30 s)", took.Round(time.Second))...)
-				}})
+				bound: 30 * time.Second})
 		}},
 		{"fault.supervisor-killed", "the supervisor killed with SIGKILL: the step fails and is torn down", func(ctx context.Context, r *run, c *report.Check) {
 			r.faultCheck(ctx, c, "supkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop()),
 				action: func(ctx context.Context, j *job, dir string) error {
 					return signalRecorded(dir, state.SupervisorFile, syscall.SIGKILL)
 				},
-				expect: func(jb Job, out string, took time.Duration) []string {
-					return append(want(jb.State != "COMPLETED", "ended COMPLETED"),
-						want(took < 60*time.Second, "the job ended %s after the kill (want < 60 s)", took.Round(time.Second))...)
-				}})
+				bound: time.Minute})
 		}},
 		{"fault.exec-killed", "the task's exec process killed with SIGKILL: the step ends and is torn down", func(ctx context.Context, r *run, c *report.Check) {
 			r.faultCheck(ctx, c, "execkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop()),
@@ -212,22 +271,14 @@ func faultChecks() []checkDef {
 					}
 					return fmt.Errorf("no exec process among the step's pids %v", pids)
 				},
-				expect: func(jb Job, out string, took time.Duration) []string {
-					return append(want(jb.State != "COMPLETED", "ended COMPLETED"),
-						want(took < 60*time.Second, "the job ended %s after the kill (want < 60 s)", took.Round(time.Second))...)
-				}})
+				bound: time.Minute})
 		}},
 		{"fault.agent-hung", "a hung guest (the VMM stopped, so the agent cannot answer) is detected within a bounded time", func(ctx context.Context, r *run, c *report.Check) {
-			bound := agentHangBound(r) + 15*time.Second
 			r.faultCheck(ctx, c, "agenthang", faultSpec{body: r.srunLine("sh", "-c", trapLoop()),
 				action: func(ctx context.Context, j *job, dir string) error {
 					return signalRecorded(dir, state.VMMPidFile, syscall.SIGSTOP)
 				},
-				expect: func(jb Job, out string, took time.Duration) []string {
-					return append(append(want(jb.State != "COMPLETED", "ended COMPLETED"),
-						want(strings.Contains(out, "agent"), "srun's output does not name the guest agent")...),
-						want(took < bound, "detected after %s (want < %s)", took.Round(time.Second), bound)...)
-				}})
+				bound: agentHangBound(r) + 15*time.Second})
 		}},
 	}
 	for _, st := range fault.StartStages {
@@ -272,21 +323,12 @@ func (r *run) startFault(ctx context.Context, c *report.Check, st fault.Stage) {
 		_ = os.Remove(fault.Dir) // when empty
 	}()
 	r.faultCheck(ctx, c, "start-"+string(st), faultSpec{body: r.srunLine("true"),
-		beforeRelease: func(job int) error { id = job; return writeFault(job, st) },
-		expect: func(jb Job, out string, _ time.Duration) []string {
-			return append(want(jb.State != "COMPLETED", "ended COMPLETED"),
-				want(strings.Contains(out, fmt.Sprintf("fault injected at stage %q", st)), "srun's output does not give the stage %q", st)...)
-		}})
+		beforeRelease: func(job int) error { id = job; return writeFault(job, st) }, stage: st})
 }
 
 func checkTimeLimit(ctx context.Context, r *run, c *report.Check) {
 	r.faultCheck(ctx, c, "timelimit", faultSpec{body: r.srunLine(r.stepOutput("timelimit", "sh", "-c", trapLoop("USR1", "TERM"))...), stepOut: "timelimit",
-		args: []string{"-t", "1", "--signal=USR1@45"}, wait: 4 * time.Minute,
-		expect: func(jb Job, out string, _ time.Duration) []string {
-			return append(append(want(jb.State == "TIMEOUT", "ended %s, want TIMEOUT", jb.State),
-				want(strings.Contains(out, "POC-TRAPPED-USR1"), "--signal=USR1@45 did not reach the workload")...),
-				want(strings.Contains(out, "POC-TRAPPED-TERM"), "the workload's TERM trap did not run at the time limit")...)
-		}})
+		args: []string{"-t", "1", "--signal=USR1@45"}, wait: 4 * time.Minute})
 }
 
 // stepd is the slurmstepd parent of pid ("" when it is not one).
@@ -332,9 +374,6 @@ func checkStepdKilled(ctx context.Context, r *run, c *report.Check) {
 				}
 			}
 			return fmt.Errorf("no slurmstepd parent of the step's pids %v", pids)
-		},
-		expect: func(jb Job, out string, _ time.Duration) []string {
-			return want(jb.State != "COMPLETED", "ended COMPLETED")
 		}})
 }
 
@@ -380,13 +419,17 @@ func checkRequeue(ctx context.Context, r *run, c *report.Check) {
 			}
 			return r.slurm.Scancel(ctx, strconv.Itoa(j.id))
 		},
-		expect: func(jb Job, out string, _ time.Duration) []string {
-			f := want(second, "the requeued job's second run never became ready")
-			if len(firstLeft) > 0 {
-				f = append(f, "the first run left: "+strings.Join(firstLeft, ", "))
-			}
-			return f
-		}})
+		expect: func(Job, string, time.Duration) []string { return judgeRequeue(second, firstLeft) }})
+}
+
+// judgeRequeue: the second run became ready and nothing of the first
+// (its state directory, its processes) was there by then.
+func judgeRequeue(second bool, firstLeft []string) []string {
+	f := want(second, "the requeued job's second run never became ready")
+	if len(firstLeft) > 0 {
+		f = append(f, "the first run left: "+strings.Join(firstLeft, ", "))
+	}
+	return f
 }
 
 // checkpointOK reports whether a checkpoint file is complete: its data,

@@ -200,3 +200,62 @@ func TestStartTimes(t *testing.T) {
 		t.Errorf("startTimes = %v, %d", ms, failed)
 	}
 }
+
+// TestExpectations: each fault check's judgement passes on the outcome a
+// sound build gives and FAILs on the one a broken build gives.
+func TestExpectations(t *testing.T) {
+	bound := 30 * time.Second
+	for _, tc := range []struct {
+		id         string
+		good, bad  outcome
+		wantReason string
+	}{
+		{"fault.exit-0", outcome{Job: Job{State: "COMPLETED", ExitCode: "0:0"}}, outcome{Job: Job{State: "FAILED", ExitCode: "125:0"}}, "want COMPLETED"},
+		{"fault.exit-n", outcome{Job: Job{State: "FAILED", ExitCode: "7:0"}}, outcome{Job: Job{State: "FAILED", ExitCode: "1:0"}}, "want FAILED 7:0"},
+		{"fault.signal", outcome{Job: Job{State: "FAILED"}, Out: "srun: error: vm: task 0: Terminated\n"}, outcome{Job: Job{State: "FAILED", ExitCode: "143:0"}}, "Terminated"},
+		{"fault.scancel-step", outcome{Job: Job{State: "COMPLETED"}, Out: "POC-UP\nPOC-TRAPPED-TERM\n"}, outcome{Job: Job{State: "COMPLETED"}, Out: "POC-UP\n"}, "TERM trap"},
+		{"fault.scancel-job", outcome{Job: Job{State: "CANCELLED"}, Out: "POC-TRAPPED-TERM\n"}, outcome{Job: Job{State: "CANCELLED"}, Out: "POC-UP\n"}, "TERM trap"},
+		{"fault.time-limit", outcome{Job: Job{State: "TIMEOUT"}, Out: "POC-TRAPPED-USR1\nPOC-TRAPPED-TERM\n"}, outcome{Job: Job{State: "TIMEOUT"}, Out: "POC-TRAPPED-TERM\n"}, "--signal"},
+		{"fault.vmm-killed", outcome{Job: Job{State: "FAILED"}, Out: "slurm-microvm: the microVM's VMM exited: killed by signal 9 (SIGKILL)\n", Took: 2 * time.Second, Bound: bound},
+			outcome{Job: Job{State: "FAILED"}, Out: "slurm-microvm: the microVM's VMM exited\n", Took: time.Minute, Bound: bound}, "after the kill"},
+		{"fault.supervisor-killed", outcome{Job: Job{State: "FAILED"}, Took: time.Second, Bound: bound}, outcome{Job: Job{State: "COMPLETED"}, Took: time.Second, Bound: bound}, "ended COMPLETED"},
+		{"fault.exec-killed", outcome{Job: Job{State: "FAILED"}, Took: time.Second, Bound: bound}, outcome{Job: Job{State: "FAILED"}, Took: 5 * time.Minute, Bound: bound}, "after the kill"},
+		{"fault.agent-hung", outcome{Job: Job{State: "FAILED"}, Out: "the guest agent did not answer for 15s", Took: 20 * time.Second, Bound: bound},
+			outcome{Job: Job{State: "FAILED"}, Out: "srun: error: task 0: Killed", Took: 20 * time.Second, Bound: bound}, "guest agent"},
+		{"fault.start", outcome{Job: Job{State: "FAILED"}, Out: `slurm-microvm: start the VMM: fault injected at stage "vmm" (smv_faults build)`, Stage: "vmm"},
+			outcome{Job: Job{State: "FAILED"}, Out: `slurm-microvm: start the VMM: fault injected at stage "image"`, Stage: "vmm"}, `stage "vmm"`},
+		{"fault.slurmstepd-killed", outcome{Job: Job{State: "CANCELLED"}}, outcome{Job: Job{State: "COMPLETED"}}, "ended COMPLETED"},
+	} {
+		t.Run(tc.id, func(t *testing.T) {
+			judge, ok := expectations[tc.id]
+			if !ok {
+				t.Fatalf("no expectation for %s", tc.id)
+			}
+			if got := judge(tc.good); got != nil {
+				t.Errorf("sound outcome judged %q", got)
+			}
+			if got := strings.Join(judge(tc.bad), "; "); !strings.Contains(got, tc.wantReason) {
+				t.Errorf("broken outcome judged %q, want a failure about %q", got, tc.wantReason)
+			}
+		})
+	}
+	// Every fault check has a judgement tested here or its own.
+	own := map[string]bool{"fault.requeue": true, "fault.checkpoint": true}
+	for _, id := range CheckIDs() {
+		if !strings.HasPrefix(id, "fault.") || own[id] || strings.HasPrefix(id, "fault.start-") {
+			continue
+		}
+		if _, ok := expectations[id]; !ok {
+			t.Errorf("fault check %s has no entry in expectations", id)
+		}
+	}
+	if got := judgeRequeue(true, nil); got != nil {
+		t.Errorf("judgeRequeue sound: %q", got)
+	}
+	if got := judgeRequeue(true, []string{"process 42"}); len(got) != 1 {
+		t.Errorf("judgeRequeue with the first run's process left: %q", got)
+	}
+	if got := judgeRequeue(false, nil); len(got) != 1 {
+		t.Errorf("judgeRequeue without a second run: %q", got)
+	}
+}
