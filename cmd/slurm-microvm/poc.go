@@ -95,11 +95,11 @@ func pocCommand() *cli.Command {
 			} else {
 				fmt.Printf("report: %s, %s\n", jsonPath, htmlPath)
 			}
+			if ctx.Err() != nil {
+				return cli.Exit("slurm-microvm poc: interrupted; its jobs are cancelled and its files removed", 130)
+			}
 			if _, failed, _ := rep.Counts(); failed > 0 || werr != nil {
 				return cli.Exit("", 1)
-			}
-			if ctx.Err() != nil {
-				return cli.Exit("slurm-microvm poc: interrupted", 130)
 			}
 			return nil
 		},

@@ -193,6 +193,10 @@ func Run(ctx context.Context, o Options) (*report.Report, error) {
 		if c.Verdict == "" {
 			c.Verdict = report.Pass
 		}
+		if ctx.Err() != nil && c.Verdict == report.Fail {
+			// What failed is the interruption, not the product.
+			c.Verdict, c.Reason = report.Skip, "interrupted: "+c.Reason
+		}
 		c.DurationMS = time.Since(t0).Milliseconds()
 		r.rep.Checks = append(r.rep.Checks, c)
 		printCheck(o.Out, &c)

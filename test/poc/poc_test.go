@@ -281,3 +281,52 @@ func cleanBroken(t *testing.T, e *harness.Env) {
 		}
 	}
 }
+
+// TestPOCInterrupted: a poc stopped with SIGINT while its job runs
+// cancels its jobs and removes its files, and says it was interrupted
+// (exit 130); nothing is left on the node (e.Run).
+func TestPOCInterrupted(t *testing.T) {
+	e := setup(t)
+	e.Run(t, "interrupted mid-check", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, e.Launcher, "--config", e.Config, "poc", "--users", cluster.TestUser+","+SecondUser,
+			"--image", e.Image, "--report", t.TempDir(), "--checks", "fault.agent-hung")
+		cmd.Env = e.C.Env()
+		var buf bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &buf, &buf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var job string
+		for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline) && job == ""; time.Sleep(200 * time.Millisecond) {
+			out, _ := e.C.Squeue(context.Background(), "-h", "-t", "RUNNING", "-o", "%i %j")
+			for _, l := range strings.Split(out, "\n") {
+				if f := strings.Fields(l); len(f) == 2 && strings.HasPrefix(f[1], "smv-poc-") {
+					job = f[0]
+				}
+			}
+		}
+		if job == "" {
+			t.Fatalf("no poc job ran:\n%s", buf.String())
+		}
+		if err := cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+		err := cmd.Wait()
+		t.Logf("poc:\n%s", buf.String())
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 {
+			t.Errorf("poc interrupted: %v, want exit 130", err)
+		}
+		if out, _ := e.C.Squeue(context.Background(), "-h", "-j", job, "-o", "%T"); strings.TrimSpace(out) != "" {
+			t.Errorf("job %s is still %s after the poc ended", job, out)
+		}
+		for _, u := range []string{cluster.TestUser, SecondUser} {
+			if pu, _ := user.Lookup(u); pu != nil {
+				if _, err := os.Stat(filepath.Join(pu.HomeDir, ".slurm-microvm-poc")); err == nil {
+					t.Errorf("the poc's files are left in %s's home", u)
+				}
+			}
+		}
+	})
+}
