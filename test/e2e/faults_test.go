@@ -64,6 +64,28 @@ func TestE2EGuestFaults(t *testing.T) {
 		e.WaitClean(t, job)
 		notDrained(t, e)
 	})
+
+	e.Run(t, "the guest's out-of-memory kill is reported with its reason", func(t *testing.T) { oomTest(t, e, img) })
+}
+
+// oomTest: a step that touches more memory than its guest has is killed
+// by the guest's OOM killer; srun reports the task killed by SIGKILL with
+// the reason on stderr, and the node stays up.
+func oomTest(t *testing.T, e *harness.Env, img string) {
+	// --mem=448: a guest of 256 MiB (vmm_overhead_mib 192 in the test
+	// configuration); dd's 200 MiB buffer is below its total, so the
+	// allocation succeeds and touching it exhausts the guest.
+	out, errOut, code := e.Srun(t, "", "--mem=448", img, "sh", "-c", "echo JOB=$SLURM_JOB_ID; exec dd if=/dev/zero of=/dev/null bs=200M count=1")
+	t.Logf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	const want = "slurm-microvm: the task was killed by the guest's out-of-memory killer: the step's memory is exhausted (guest 256 MiB, from "
+	if !strings.Contains(errOut, want) {
+		t.Errorf("stderr %q lacks %q", errOut, want)
+	}
+	if code == 0 || !strings.Contains(errOut, "Killed") {
+		t.Errorf("exit %d, stderr %q: want srun to report the task killed by signal 9", code, errOut)
+	}
+	e.WaitClean(t, jobOf(t, out))
+	notDrained(t, e)
 }
 
 // vmmOf is the VMM of job's step 0 on this node, from the step's state.
