@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/fault"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
@@ -201,13 +202,15 @@ func (l *Launcher) Exec(ctx context.Context, stateDir string, argv, env []string
 	env = TaskEnv(env)
 	cwd := ""
 	var id *state.StepID
-	if s, err := ReadSpec(stateDir); err == nil {
+	s, serr := ReadSpec(stateDir)
+	if serr == nil {
 		id = &s.ID
 		if s.GPUs != "" {
 			env = guestGPUEnv(env, s.GPUs)
 		}
 		cwd = s.Workdir // "" : the image's WORKDIR, else /
 		var note string
+		var err error
 		if env, note, err = taskMPI(stateDir, s, env); err != nil {
 			return driver.ExitStatus{}, err
 		}
@@ -231,7 +234,39 @@ func (l *Launcher) Exec(ctx context.Context, stateDir string, argv, env []string
 	if err != nil {
 		return st, supervisorReason(stateDir, err)
 	}
+	if st.OOMKilled && io.Err != nil {
+		cpus := 0
+		if s != nil {
+			cpus = GuestCPUs(s, os.Getpid()) // the supervisor's: same step cpuset
+		}
+		fmt.Fprintln(io.Err, OOMMessage(s, cpus, l.Config.Resources))
+	}
 	return st, nil
+}
+
+// OOMMessage is the line a task prints on its stderr when the guest's
+// out-of-memory killer killed its process (or one of its children): the
+// reason, the guest's memory and the request it was sized from
+// (GuestMemoryMiB). s nil (no spec): without the size.
+func OOMMessage(s *Spec, cpus int, r config.Resources) string {
+	const msg = "slurm-microvm: the task was killed by the guest's out-of-memory killer: the step's memory is exhausted"
+	if s == nil {
+		return msg
+	}
+	mib, err := GuestMemoryMiB(s, cpus, r)
+	if err != nil {
+		return msg
+	}
+	from := "resources.default_memory_mib, no --mem given"
+	switch {
+	case s.MemMiB > 0:
+		from = "the step's memory allocation, --mem"
+	case s.MemPerNodeMiB > 0:
+		from = "--mem"
+	case s.MemPerCPUMiB > 0:
+		from = "--mem-per-cpu"
+	}
+	return fmt.Sprintf("%s (guest %d MiB, from %s, less the VMM's %d MiB); ask for more memory", msg, mib, from, r.VMMOverheadMiB)
 }
 
 // stepFailedError is a task's error when the supervisor stopped the

@@ -81,3 +81,48 @@ func TestHungGuestFailsStep(t *testing.T) {
 		t.Fatalf("the task did not end within 5 s of the supervisor (stderr %q)", errOut.String())
 	}
 }
+
+// TestGuestOOMReported boots a real microVM of 256 MiB (a step of 448
+// MiB, less the VMM's 192) and runs a workload that touches more memory
+// than the guest has: the guest kernel's OOM killer kills it. The task
+// must end as killed by SIGKILL, as on the host, with the OOM flag set
+// and one line on stderr saying why and how big the guest was. Before,
+// the task just died by SIGKILL with no reason.
+func TestGuestOOMReported(t *testing.T) {
+	r := startRealStep(t, 448, func(c *config.Config) {
+		c.Resources.VMMOverheadMiB = 192
+		c.Resources.OverlayMiB = 64
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// 200 MiB is below the guest's total (so the heuristic overcommit
+	// lets the allocation through) but more than is free.
+	res, _, errOut := r.exec(ctx, "dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1")
+	var got execResult
+	select {
+	case got = <-res:
+	case <-ctx.Done():
+		t.Fatal("the task did not end")
+	}
+	t.Logf("status %+v, err %v, stderr %q", got.st, got.err, errOut.String())
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if got.st.Signal != unix.SIGKILL || !got.st.OOMKilled {
+		t.Errorf("status %+v: want killed by SIGKILL with OOMKilled", got.st)
+	}
+	const want = "slurm-microvm: the task was killed by the guest's out-of-memory killer: the step's memory is exhausted (guest 256 MiB, from the step's memory allocation, --mem, less the VMM's 192 MiB)"
+	if !strings.Contains(errOut.String(), want) {
+		t.Errorf("stderr %q lacks %q", errOut.String(), want)
+	}
+	// The robust path: each process is in a cgroup of its own.
+	res, out, _ := r.exec(ctx, "cat", "/proc/self/cgroup")
+	if got := <-res; got.err != nil || !strings.HasPrefix(out.String(), "0::/task-") {
+		t.Errorf("/proc/self/cgroup in the guest: %q (%v): want a cgroup of its own, 0::/task-N", out.String(), got.err)
+	}
+	// A task that its own kill -9 ends is not an OOM kill.
+	res, _, errOut = r.exec(ctx, "sh", "-c", "kill -KILL $$")
+	if got := <-res; got.err != nil || got.st.Signal != unix.SIGKILL || got.st.OOMKilled || strings.Contains(errOut.String(), "out-of-memory") {
+		t.Errorf("kill -KILL: status %+v, err %v, stderr %q: want SIGKILL without OOM", got.st, got.err, errOut.String())
+	}
+}

@@ -87,7 +87,13 @@ func run(ctx context.Context, log *slog.Logger, allModules bool) error {
 	if err != nil {
 		return err
 	}
-	svc := guest.New(guest.Options{Setup: guest.MountRoot, PowerOff: powerOff, SetClock: guest.SetRealtime, Logger: log})
+	// Each process in a cgroup of its own: its OOM kills are its own.
+	cgroup := guestCgroup
+	if err := guest.MountCgroup(cgroup); err != nil {
+		log.Warn("no cgroup2 for the processes: OOM kills are told by /proc/vmstat", "err", err)
+		cgroup = ""
+	}
+	svc := guest.New(guest.Options{Setup: guest.MountRoot, PowerOff: powerOff, SetClock: guest.SetRealtime, Cgroup: cgroup, Logger: log})
 	srv, err := svc.NewServer()
 	if err != nil {
 		return err
@@ -120,6 +126,10 @@ func findPort(name string, timeout time.Duration) (string, error) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// guestCgroup is where the agent mounts cgroup2, outside the processes'
+// root.
+const guestCgroup = "/run/microvm/cgroup"
 
 func mountPseudo() error {
 	type m struct {

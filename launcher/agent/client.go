@@ -48,6 +48,9 @@ func (c *Client) Close() error { return c.c.Close() }
 type ExitStatus struct {
 	Code   int
 	Signal syscall.Signal
+	// OOMKilled: the guest's OOM killer killed the process or one of
+	// its children (api.WaitResponse.oom_killed).
+	OOMKilled bool
 }
 
 func (s ExitStatus) String() string {
@@ -177,9 +180,9 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 	rerr := p.err
 	p.errMu.Unlock()
 	if resp.Signal != 0 {
-		return ExitStatus{Code: 128 + int(resp.Signal), Signal: syscall.Signal(resp.Signal)}, rerr
+		return ExitStatus{Code: 128 + int(resp.Signal), Signal: syscall.Signal(resp.Signal), OOMKilled: resp.OomKilled}, rerr
 	}
-	return ExitStatus{Code: int(resp.ExitCode)}, rerr
+	return ExitStatus{Code: int(resp.ExitCode), OOMKilled: resp.OomKilled}, rerr
 }
 
 // Forwards are the guest side of the request's forwards, in request order.

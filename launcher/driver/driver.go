@@ -197,6 +197,10 @@ type ListenerForward struct {
 type ExitStatus struct {
 	Code   int
 	Signal syscall.Signal
+	// OOMKilled: the guest kernel's out-of-memory killer killed the
+	// process or one of its children while it ran (the guest's memory,
+	// sized from the step's, was exhausted).
+	OOMKilled bool
 }
 
 // Process is a process running in a sandbox.

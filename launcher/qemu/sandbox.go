@@ -631,7 +631,7 @@ func (p process) Resize(ctx context.Context, rows, cols uint16) error {
 func (p process) Path() string { return p.p.Path }
 func (p process) Wait(ctx context.Context) (driver.ExitStatus, error) {
 	st, err := p.p.Wait(ctx)
-	return driver.ExitStatus{Code: st.Code, Signal: st.Signal}, explain(ctx, p.stateDir, err)
+	return driver.ExitStatus{Code: st.Code, Signal: st.Signal, OOMKilled: st.OOMKilled}, explain(ctx, p.stateDir, err)
 }
 
 // gpuDriverSetup is the agent's description of the driver set shared as tag.

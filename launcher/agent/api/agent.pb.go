@@ -1802,7 +1802,11 @@ type WaitResponse struct {
 	// Exit code when the process exited; -1 when it was killed by a signal.
 	ExitCode int32 `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
 	// Signal number that killed the process, 0 if it exited.
-	Signal        uint32 `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	Signal uint32 `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	// The guest kernel's out-of-memory killer killed the process, or one
+	// of the processes it started, while it ran (see launcher/agent/guest:
+	// the process's own cgroup's memory.events, else /proc/vmstat).
+	OomKilled     bool `protobuf:"varint,3,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1849,6 +1853,13 @@ func (x *WaitResponse) GetSignal() uint32 {
 		return x.Signal
 	}
 	return 0
+}
+
+func (x *WaitResponse) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
 }
 
 type ResizeTTYRequest struct {
@@ -2035,10 +2046,12 @@ const file_agent_proto_rawDesc = "" +
 	"\x03eof\x18\x02 \x01(\bR\x03eof\"7\n" +
 	"\rSignalRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
-	"\x06signal\x18\x02 \x01(\rR\x06signal\"C\n" +
+	"\x06signal\x18\x02 \x01(\rR\x06signal\"b\n" +
 	"\fWaitResponse\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
-	"\x06signal\x18\x02 \x01(\rR\x06signal\"J\n" +
+	"\x06signal\x18\x02 \x01(\rR\x06signal\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x03 \x01(\bR\toomKilled\"J\n" +
 	"\x10ResizeTTYRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04rows\x18\x02 \x01(\rR\x04rows\x12\x12\n" +

@@ -96,4 +96,21 @@
 //     loopback one, because MPI libraries publish the address their host
 //     name resolves to. Without a network the image's file is kept and
 //     only localhost and the host name (127.0.1.1) are added.
+//   - Out-of-memory kills are reported with the exit status
+//     (WaitResponse.oom_killed). The agent mounts cgroup2 outside the
+//     processes' root (MountCgroup), enables the memory controller and
+//     starts each process straight into a cgroup of its own
+//     (clone3 CLONE_INTO_CGROUP: SysProcAttr.UseCgroupFD, so no child can
+//     fork before it is placed); at its exit the cgroup's memory.events
+//     oom_kill tells whether the OOM killer killed it or any process it
+//     started (the kernel counts every kill, global OOM included, before
+//     it sends the SIGKILL, so the count is there when the reaper sees the
+//     death). Alternative: /proc/vmstat's oom_kill rising while the
+//     process ran and the process dying by SIGKILL; it is guest-wide, so
+//     with several tasks in one guest it blames every task that a kill -9
+//     ended at the time, and it misses a shell whose child was the victim.
+//     It remains the fallback where no cgroup can be made (a guest kernel
+//     without CONFIG_MEMCG, clone3 refused). The processes' cgroups carry
+//     no limit: the guest's memory is the step's limit (the host enforces
+//     the step's, the guest is sized below it).
 package guest

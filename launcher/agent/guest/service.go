@@ -44,7 +44,12 @@ type Options struct {
 	// PendingSignalGrace bounds the wait of a pending signal for its
 	// process to catch or ignore it; 0 means PendingSignalGrace.
 	PendingSignalGrace time.Duration
-	Logger             *slog.Logger
+	// Cgroup is a cgroup2 directory with the memory controller enabled
+	// for its children (MountCgroup): each process starts in a cgroup of
+	// its own there, which tells its OOM kills apart from other
+	// processes'. "": the guest-wide /proc/vmstat counter is used.
+	Cgroup string
+	Logger *slog.Logger
 }
 
 // Service implements api.AgentService.
@@ -66,17 +71,20 @@ type Service struct {
 }
 
 type process struct {
-	id      string
-	pid     int
-	stdin   *os.File
-	stdout  *os.File
-	stderr  *os.File // nil with a terminal
-	tty     bool
-	exited  chan struct{}
-	status  unix.WaitStatus
-	readMu  [2]sync.Mutex
-	stdinMu sync.Mutex
-	fw      *forwards
+	id     string
+	pid    int
+	stdin  *os.File
+	stdout *os.File
+	stderr *os.File // nil with a terminal
+	tty    bool
+	exited chan struct{}
+	status unix.WaitStatus
+	// oomKilled: the OOM killer killed it or one of its processes; set
+	// before exited is closed.
+	oomKilled bool
+	readMu    [2]sync.Mutex
+	stdinMu   sync.Mutex
+	fw        *forwards
 
 	// sigMu guards pending: signals waiting for the process to catch or
 	// ignore them (deliverPending), in arrival order.
@@ -238,9 +246,17 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 		childFiles = []*os.File{inR, outW, errW}
 	}
 	s.syncClock(req.HostTimeNs)
-	pid, exitCh, err := s.reaper.start(func() (int, error) {
+	oom, cgErr := newOOMProbe(s.opts.Cgroup)
+	if cgErr != nil {
+		s.log.Warn("no cgroup of its own for the process: OOM kills are told by /proc/vmstat", "err", cgErr)
+	}
+	startProc := func(cgroup *os.File) (int, error) {
+		a := *attr
+		if cgroup != nil {
+			a.UseCgroupFD, a.CgroupFD = true, int(cgroup.Fd())
+		}
 		proc, err := os.StartProcess(resolved, argv, &os.ProcAttr{
-			Dir: cwd, Env: env, Files: fw.childFiles(childFiles), Sys: attr,
+			Dir: cwd, Env: env, Files: fw.childFiles(childFiles), Sys: &a,
 		})
 		if err != nil {
 			return 0, err
@@ -248,10 +264,26 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 		pid := proc.Pid
 		_ = proc.Release()
 		return pid, nil
+	}
+	pid, exitCh, err := s.reaper.start(func() (int, error) {
+		if oom.f == nil {
+			return startProc(nil)
+		}
+		pid, err := startProc(oom.f)
+		if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, os.ErrPermission) {
+			// clone3 into a cgroup refused (an old guest kernel):
+			// start it plainly, the vmstat counter tells OOM kills.
+			s.log.Warn("start in the process's cgroup failed; starting it without", "err", err)
+			oom.drop()
+			return startProc(nil)
+		}
+		return pid, err
 	})
+	oom.started()
 	closeChildEnds(childFiles)
 	fw.closeChildEnds()
 	if err != nil {
+		oom.drop()
 		p.closeAll()
 		s.closeForwards(fw)
 		code := codes.Internal
@@ -275,13 +307,14 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 
 	go func() {
 		p.status = <-exitCh
+		p.oomKilled = oom.killed(p.status)
 		close(p.exited)
 		// The rank is gone: its listeners go; its channels drain and
 		// close when the host reads their EOF or the agent stops.
 		for _, l := range fw.listeners {
 			l.Close()
 		}
-		s.log.Info("process exited", "id", p.id, "pid", pid, "status", describe(p.status))
+		s.log.Info("process exited", "id", p.id, "pid", pid, "status", describe(p.status), "oom_killed", p.oomKilled)
 	}()
 	s.log.Info("process started", "id", p.id, "pid", pid, "path", resolved, "tty", req.Terminal, "pending_signals", len(p.pending))
 	return &api.CreateProcessResponse{Id: p.id, Pid: uint32(pid), Path: []byte(resolved), Forwards: fwInfo}, nil
@@ -485,9 +518,9 @@ func (s *Service) Wait(ctx context.Context, req *api.ProcessRequest) (*api.WaitR
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	if p.status.Signaled() {
-		return &api.WaitResponse{ExitCode: -1, Signal: uint32(p.status.Signal())}, nil
+		return &api.WaitResponse{ExitCode: -1, Signal: uint32(p.status.Signal()), OomKilled: p.oomKilled}, nil
 	}
-	return &api.WaitResponse{ExitCode: int32(p.status.ExitStatus())}, nil
+	return &api.WaitResponse{ExitCode: int32(p.status.ExitStatus()), OomKilled: p.oomKilled}, nil
 }
 
 func (s *Service) ResizeTTY(ctx context.Context, req *api.ResizeTTYRequest) (*api.Empty, error) {
