@@ -66,12 +66,7 @@ func checkPhases(ctx context.Context, r *run, c *report.Check) {
 		v.fail("%s", f)
 	}
 	if dir := r.o.Config.Log.Dir; dir != "" {
-		logs, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("%d.*.log", j.id)))
-		text := ""
-		for _, p := range logs {
-			b, _ := os.ReadFile(p)
-			text += string(b)
-		}
+		text := r.adminLog(j.id)
 		for _, f := range judgePhases("the admin's log "+filepath.Join(dir, fmt.Sprintf("%d.*.log", j.id)), text) {
 			v.fail("%s", f)
 		}
@@ -83,12 +78,7 @@ func checkPhases(ctx context.Context, r *run, c *report.Check) {
 	}
 	// The error of a failed step is in its admin log: the VMM-killed step.
 	if vj := r.byName["vmmkill"]; vj != nil && r.o.Config.Log.Dir != "" {
-		logs, _ := filepath.Glob(filepath.Join(r.o.Config.Log.Dir, fmt.Sprintf("%d.*.log", vj.id)))
-		text := ""
-		for _, p := range logs {
-			b, _ := os.ReadFile(p)
-			text += string(b)
-		}
+		text := r.adminLog(vj.id)
 		if !strings.Contains(text, "VMM") {
 			v.fail("the admin's log of the VMM-killed job %d does not hold its error", vj.id)
 		} else {
@@ -128,12 +118,9 @@ func checkNoTenantData(ctx context.Context, r *run, c *report.Check) {
 	r.mu.Lock()
 	jobs := append([]int{}, r.jobs...)
 	r.mu.Unlock()
-	if dir := r.o.Config.Log.Dir; dir != "" {
-		for _, id := range jobs {
-			logs, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("%d.*.log", id)))
-			for _, p := range logs {
-				read(p)
-			}
+	for _, id := range jobs {
+		if text := r.adminLog(id); text != "" {
+			files[fmt.Sprintf("the admin's log of job %d", id)] = text
 		}
 	}
 	for _, t := range r.tenants {

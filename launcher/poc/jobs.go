@@ -332,3 +332,41 @@ func (r *run) cleanupAfter(ctx context.Context, v *verdict, snap *residue.Snapsh
 		v.fail("%s", f)
 	}
 }
+
+// adminLog is what the supervisors of job wrote into the admin's kept logs
+// ([log] dir, <job>.<step>.<restart>.<node>.log) since this run began:
+// lines older than the run are another job's that had the same id (a
+// cluster whose job ids started over). "" when [log] dir is off.
+func (r *run) adminLog(id int) string {
+	dir := r.o.Config.Log.Dir
+	if dir == "" {
+		return ""
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("%d.*.log", id)))
+	var b strings.Builder
+	since := r.rep.Started.Add(-time.Second)
+	for _, p := range logs {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.SplitAfter(string(data), "\n") {
+			if t, ok := logTime(line); ok && t.Before(since) {
+				continue
+			}
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
+// logTime reads the time= attribute that opens a log/slog text line.
+func logTime(line string) (time.Time, bool) {
+	v, ok := strings.CutPrefix(line, "time=")
+	if !ok {
+		return time.Time{}, false
+	}
+	v, _, _ = strings.Cut(v, " ")
+	t, err := time.Parse(time.RFC3339Nano, v)
+	return t, err == nil
+}

@@ -3,9 +3,14 @@ package poc
 import (
 	"crypto/sha256"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
+	"github.com/slurm-microvm/slurm-microvm/launcher/poc/report"
 )
 
 // Each judgement FAILs on the evidence a broken build leaves, and passes
@@ -257,5 +262,29 @@ func TestExpectations(t *testing.T) {
 	}
 	if got := judgeRequeue(false, nil); len(got) != 1 {
 		t.Errorf("judgeRequeue without a second run: %q", got)
+	}
+}
+
+// TestAdminLogSinceRun: the admin's log of a job id is read from this
+// run on; an older job that had the same id (job ids start over with a
+// new cluster) is not this run's.
+func TestAdminLogSinceRun(t *testing.T) {
+	dir := t.TempDir()
+	started := time.Date(2026, 12, 1, 18, 0, 0, 0, time.UTC)
+	old := "time=2026-12-01T16:00:00.000Z level=INFO msg=\"converted image\"\n"
+	now := "time=2026-12-01T18:00:05.000Z level=INFO msg=phase phase=boot ms=3\n"
+	if err := os.WriteFile(filepath.Join(dir, "7.0.0.n1.log"), []byte(old+now), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "70.0.0.n1.log"), []byte(now+"other job\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := &run{o: Options{Config: &config.Config{Log: config.Log{Dir: dir}}}, rep: &report.Report{Started: started}}
+	if got := r.adminLog(7); got != now {
+		t.Errorf("adminLog(7) = %q, want only %q", got, now)
+	}
+	r.o.Config.Log.Dir = ""
+	if got := r.adminLog(7); got != "" {
+		t.Errorf("[log] dir off: %q", got)
 	}
 }

@@ -204,13 +204,8 @@ func checkBackToBack(ctx context.Context, r *run, c *report.Check) {
 	// Conversions: the supervisor logs "converted image" once per
 	// conversion; the admin's kept logs outlive the steps.
 	conv := 0
-	if dir := r.o.Config.Log.Dir; dir != "" {
-		logs, _ := filepath.Glob(filepath.Join(dir, fmt.Sprintf("%d.*.log", j.id)))
-		for _, p := range logs {
-			b, _ := os.ReadFile(p)
-			conv += strings.Count(string(b), "converted image")
-		}
-		v.note("%d kept logs of the job's steps read", len(logs))
+	if r.o.Config.Log.Dir != "" {
+		conv = strings.Count(r.adminLog(j.id), "converted image")
 	} else {
 		v.note("[log] dir is off: conversions counted as 0 (not measured)")
 	}
