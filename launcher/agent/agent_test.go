@@ -228,6 +228,41 @@ func TestSignalForwarding(t *testing.T) {
 	}
 }
 
+// TestSignalReachesTheTaskGroup: a forwarded signal reaches every process
+// of the task, as Slurm's container signal does on the host: the shell's
+// foreground sleep ends at once, so its trap runs now rather than when
+// the sleep would have ended.
+func TestSignalReachesTheTaskGroup(t *testing.T) {
+	prereq.Root(t, "the agent runs processes as the task's uid")
+	c := dial(t, startAgent(t, 65534, 65534))
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: api.Bytes([]string{"sh", "-c", "trap 'echo got-term; exit 3' TERM; echo ready; sleep 30; echo slept"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, pw, _ := os.Pipe()
+	defer pr.Close()
+	p.Relay(ctx, nil, pw, os.Stderr)
+	buf := make([]byte, 6)
+	if _, err := pr.Read(buf); err != nil || string(buf) != "ready\n" {
+		t.Fatalf("read ready: %q %v", buf, err)
+	}
+	time.Sleep(200 * time.Millisecond) // the sleep has started
+	t0 := time.Now()
+	if err := p.Signal(ctx, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	st, err := p.Wait(ctx)
+	pw.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took > 10*time.Second || st.Code != 3 {
+		t.Errorf("status %v after %s: the trap must run at once (the task's sleep gets the signal too)", st, took)
+	}
+}
+
 func TestTerminal(t *testing.T) {
 	prereq.Root(t, "the agent runs processes as the task's uid")
 	c := dial(t, startAgent(t, 65534, 65534))

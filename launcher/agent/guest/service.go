@@ -501,7 +501,7 @@ func (s *Service) Signal(ctx context.Context, req *api.SignalRequest) (*api.Empt
 	if p.queue(unix.Signal(req.Signal)) {
 		return &api.Empty{}, nil // after the pending ones, in order
 	}
-	if err := unix.Kill(p.pid, unix.Signal(req.Signal)); err != nil && err != unix.ESRCH {
+	if err := signalTask(p.pid, unix.Signal(req.Signal)); err != nil && err != unix.ESRCH {
 		return nil, status.Errorf(codes.Internal, "signal %d to pid %d: %v", req.Signal, p.pid, err)
 	}
 	return &api.Empty{}, nil

@@ -98,12 +98,27 @@ func (s *Service) deliverPending(p *process, start time.Time) {
 		// finds the queue empty delivers at once, after this one.
 		p.sigMu.Lock()
 		p.pending = p.pending[1:]
-		if err := unix.Kill(p.pid, sig); err != nil && err != unix.ESRCH {
+		if err := signalTask(p.pid, sig); err != nil && err != unix.ESRCH {
 			s.log.Warn("deliver pending signal", "id", p.id, "signal", sig, "err", err)
 		}
 		p.sigMu.Unlock()
 		s.log.Info("pending signal delivered", "id", p.id, "signal", sig.String(), "after_ms", time.Since(start).Milliseconds())
 	}
+}
+
+// signalTask sends sig to every process of the task whose first process
+// is pid: its process group (the agent starts each process as a session
+// leader, so its children share its group unless they leave it), or pid
+// alone once the group is gone. Slurm signals a step the same way on the
+// host: scancel, the time limit and srun's forwarded signals reach every
+// process of the step (proctrack's container signal), so a shell's
+// `sleep` ends at once and its trap runs then, not when the sleep would
+// have ended.
+func signalTask(pid int, sig unix.Signal) error {
+	if err := unix.Kill(-pid, sig); err != unix.ESRCH {
+		return err
+	}
+	return unix.Kill(pid, sig)
 }
 
 // defaultIgnored reports whether sig's default action leaves a process
