@@ -99,13 +99,10 @@ func checkFiles(ctx context.Context, r *run, c *report.Check) {
 			"link-file": filepath.Join(r.treeOf(y), "own", "data.txt"),
 			"link-dir":  r.treeOf(y),
 		} {
-			p := filepath.Join(own, name)
-			_ = os.Remove(p)
-			if err := os.Symlink(target, p); err != nil {
+			if err := r.asUser(ctx, x, "", "ln", "-sfn", target, filepath.Join(own, name)); err != nil {
 				v.fail("plant %s: %v", name, err)
 				return
 			}
-			_ = os.Lchown(p, int(x.UID), int(x.GID))
 		}
 	}
 	before := map[string]string{}
@@ -271,10 +268,10 @@ func checkCredentials(ctx context.Context, r *run, c *report.Check) {
 	// The other tenant, in its own guest: A's secret in no process,
 	// no temporary file. The pattern comes from a file, not argv.
 	pat := filepath.Join(r.treeOf(b), "own", "pattern")
-	if err := os.WriteFile(pat, []byte(secret+"\n"), 0o600); err == nil {
-		_ = os.Lchown(pat, int(b.UID), int(b.GID))
-		defer os.Remove(pat)
+	if err := r.writeAs(ctx, b, pat, secret+"\n"); err != nil {
+		v.fail("%v", err)
 	}
+	defer func() { _ = r.asUser(context.WithoutCancel(ctx), b, "", "rm", "-f", pat) }()
 	jb, err := r.sbatch(ctx, b, "cred-probe", r.srunLine("--microvm-mounts="+r.treeOf(b)+"/own:/data", "sh", "-c",
 		`grep -l -F -f /data/pattern /proc/[0-9]*/environ /proc/[0-9]*/cmdline /proc/cmdline 2>/dev/null | sed 's/^/POC-FOUND /'
 grep -r -l -F -f /data/pattern /tmp /dev/shm /run /etc /var 2>/dev/null | sed 's/^/POC-FOUND /'

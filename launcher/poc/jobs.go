@@ -46,7 +46,9 @@ type tenantData struct {
 
 func (r *run) data(t *Tenant) tenantData { return r.markers[t.Label] }
 
-// makeTrees creates each tenant's tree, owned by the tenant, 0700:
+// makeTrees creates each tenant's tree, as the tenant (root never writes
+// into a directory a tenant owns: a symlink planted there would redirect
+// root's write), 0700:
 //
 //	own/data.txt own/sub/more.txt   the tenant's share (mounted read-only)
 //	private.txt                     outside the share
@@ -57,27 +59,20 @@ func (r *run) makeTrees(ctx context.Context) error {
 	for _, t := range r.tenants {
 		d := tenantData{secret: token(), content: token()}
 		r.markers[t.Label] = d
-		base := filepath.Join(t.Home, PocDirName)
-		if err := mkdirOwned(base, t); err != nil {
-			return err
-		}
 		root := r.treeOf(t)
-		for _, dir := range []string{root, root + "/own", root + "/own/sub", root + "/out", root + "/ckpt"} {
-			if err := mkdirOwned(dir, t); err != nil {
-				return err
-			}
+		if err := r.asUser(ctx, t, "", "mkdir", "-p", "-m", "0700", filepath.Join(t.Home, PocDirName), root,
+			root+"/own/sub", root+"/out", root+"/ckpt"); err != nil {
+			return fmt.Errorf("poc tree of %s: %w", t.Name, err)
 		}
-		files := map[string]string{
+		if err := r.asUser(ctx, t, "", "chmod", "0700", root+"/own", root+"/own/sub"); err != nil {
+			return fmt.Errorf("poc tree of %s: %w", t.Name, err)
+		}
+		for name, text := range map[string]string{
 			"own/data.txt":     "data " + d.content + "\n",
 			"own/sub/more.txt": "more " + d.content + "\n",
 			"private.txt":      "private " + d.content + "\n",
-		}
-		for name, text := range files {
-			p := filepath.Join(root, name)
-			if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
-				return fmt.Errorf("poc tree of %s: %w", t.Name, err)
-			}
-			if err := os.Lchown(p, int(t.UID), int(t.GID)); err != nil {
+		} {
+			if err := r.writeAs(ctx, t, filepath.Join(root, name), text); err != nil {
 				return fmt.Errorf("poc tree of %s: %w", t.Name, err)
 			}
 		}
@@ -85,23 +80,20 @@ func (r *run) makeTrees(ctx context.Context) error {
 	return nil
 }
 
-// mkdirOwned makes dir (0700) owned by t; an existing one must be t's
-// and not a symlink.
-func mkdirOwned(dir string, t *Tenant) error {
-	if err := os.Mkdir(dir, 0o700); err != nil && !os.IsExist(err) {
-		return fmt.Errorf("poc tree of %s: %w", t.Name, err)
+// asUser runs argv as t with stdin; a non-zero exit is an error naming
+// the command and its stderr.
+func (r *run) asUser(ctx context.Context, t *Tenant, stdin string, argv ...string) error {
+	_, errOut, code, err := r.slurm.Run(ctx, t, stdin, argv[0], argv[1:]...)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("%s as %s: exit %d: %s", strings.Join(argv, " "), t.Name, code, strings.TrimSpace(errOut))
 	}
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return fmt.Errorf("poc tree of %s: %w", t.Name, err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("poc tree of %s: %s is not a directory", t.Name, dir)
-	}
-	if err := os.Lchown(dir, int(t.UID), int(t.GID)); err != nil {
-		return fmt.Errorf("poc tree of %s: %w", t.Name, err)
-	}
-	return nil
+	return err
+}
+
+// writeAs writes text to path as t (mode 0600; an existing file is
+// replaced).
+func (r *run) writeAs(ctx context.Context, t *Tenant, path, text string) error {
+	return r.asUser(ctx, t, text, "/bin/sh", "-c", `umask 077; cat > "$1"`, "poc", path)
 }
 
 // treeSum is a digest of every entry under dir: path, type, mode, owner,

@@ -281,8 +281,10 @@ func (r *run) cleanup() {
 		if t != nil && r.o.Keep {
 			r.log.Info("kept the poc's tree", "user", t.Name, "dir", r.treeOf(t))
 		} else if t != nil {
-			_ = os.RemoveAll(r.treeOf(t))
-			_ = os.Remove(filepath.Join(t.Home, PocDirName)) // only when empty
+			// As the tenant: the tree is the tenant's, root does not
+			// walk it.
+			_ = r.asUser(ctx, t, "", "rm", "-rf", "--", r.treeOf(t))
+			_ = r.asUser(ctx, t, "", "rmdir", "--", filepath.Join(t.Home, PocDirName)) // only when empty
 		}
 	}
 }
