@@ -33,6 +33,9 @@ import (
 type Launcher struct {
 	Config *config.Config
 	Log    *slog.Logger
+	// Trampoline is the launcher binary, through which the VMM is
+	// started (qemu.Options.Trampoline); "" starts it directly.
+	Trampoline string
 
 	// afterStopMark, when set (tests), runs in Stop right after the step
 	// was marked stopped and its records were read.
@@ -654,6 +657,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		Seccomp:     *c.QEMU.Seccomp,
 		BootTimeout: c.Timeouts.Boot.Duration,
 		StopGrace:   c.Timeouts.StopGrace.Duration,
+		Trampoline:  l.Trampoline,
 	})
 	if err := l.phase(ctx, d, "set up the step network"); err != nil {
 		return nil, nil, err

@@ -297,7 +297,7 @@ func startCommand() *cli.Command {
 			}
 			s, err := launcher.ReadSpec(d.Path())
 			debug := c.Bool("debug") || (err == nil && s.Debug)
-			l := &launcher.Launcher{Config: cfg, Log: newLogger(logf, debug)}
+			l := &launcher.Launcher{Config: cfg, Log: newLogger(logf, debug), Trampoline: selfPath()}
 			// Only `slurm-microvm stop` ends the supervisor: it marks the
 			// state first. TERM or INT without the mark (sent to every
 			// process of the step, e.g. by a job's scancel) are the
@@ -505,7 +505,7 @@ func runCommand() *cli.Command {
 			if c.Int("cpus") < 1 {
 				return cli.Exit(fmt.Sprintf("run: --cpus %d: need at least 1", c.Int("cpus")), 2)
 			}
-			l := &launcher.Launcher{Config: cfg, Log: newLogger(io.Discard, false)}
+			l := &launcher.Launcher{Config: cfg, Log: newLogger(io.Discard, false), Trampoline: selfPath()}
 			if c.Bool("debug") {
 				l.Log = newLogger(os.Stderr, true)
 			}
@@ -571,4 +571,14 @@ func configCommand() *cli.Command {
 			},
 		}},
 	}
+}
+
+// selfPath is this binary, the VMM's trampoline ("" when it cannot be
+// found: QEMU is then started directly).
+func selfPath() string {
+	p, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return p
 }

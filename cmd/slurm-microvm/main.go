@@ -15,6 +15,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 )
 
 // version is set with -ldflags "-X main.version=...".
@@ -25,6 +26,12 @@ var version = "dev"
 const execName = "slurm-microvm-exec"
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == qemu.TrampolineArg {
+		// The VMM's trampoline (the supervisor starts QEMU through it).
+		err := qemu.Trampoline(os.Args[2:])
+		fmt.Fprintln(os.Stderr, "slurm-microvm:", err)
+		os.Exit(127)
+	}
 	if filepath.Base(os.Args[0]) == execName {
 		os.Exit(execEntry(os.Args[1:]))
 	}

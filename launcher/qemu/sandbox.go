@@ -45,6 +45,11 @@ type Options struct {
 	// ConsoleMaxBytes bounds the guest console kept in the state
 	// (console.log); 0 means DefaultConsoleMaxBytes.
 	ConsoleMaxBytes int64
+	// Trampoline is an executable that runs Trampoline when its first
+	// argument is TrampolineArg (the launcher binary): QEMU is started
+	// through it so that the signals Slurm sends the whole step reach
+	// the workload and not the VMM. "" starts QEMU directly.
+	Trampoline string
 }
 
 // Driver is the QEMU runtime driver.
@@ -272,6 +277,14 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		return fail(err)
 	}
 	cmd := exec.Command(d.o.Binary, args...)
+	if d.o.Trampoline != "" {
+		bin, err := exec.LookPath(d.o.Binary)
+		if err != nil {
+			restore()
+			return fail(fmt.Errorf("start VMM %s: %w", d.o.Binary, err))
+		}
+		cmd = exec.Command(d.o.Trampoline, append([]string{TrampolineArg, bin}, args...)...)
+	}
 	cmd.ExtraFiles = extra
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The VMM must not outlive its supervisor. Go sets the parent-death
