@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -260,6 +262,46 @@ func TestSignalReachesTheTaskGroup(t *testing.T) {
 	}
 	if took := time.Since(t0); took > 10*time.Second || st.Code != 3 {
 		t.Errorf("status %v after %s: the trap must run at once (the task's sleep gets the signal too)", st, took)
+	}
+}
+
+// TestShutdownLetsTrapsRun: Shutdown sends TERM before it kills, so a
+// workload's trap still runs (a batch script's srun kills its tasks on the
+// host right after scancel's TERM reaches them); one that ignores TERM is
+// killed after ShutdownTermGrace.
+func TestShutdownLetsTrapsRun(t *testing.T) {
+	prereq.Root(t, "the agent runs processes as the task's uid")
+	c := dial(t, startAgent(t, 65534, 65534))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} { // the task's uid writes there
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	marker := filepath.Join(dir, "trapped")
+	trap, err := c.Start(ctx, &api.CreateProcessRequest{Argv: api.Bytes([]string{"sh", "-c", "trap 'echo yes > " + marker + "; exit 0' TERM; while :; do sleep 0.1; done"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stubborn, err := c.Start(ctx, &api.CreateProcessRequest{Argv: api.Bytes([]string{"sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	trap.Relay(ctx, nil, io.Discard, io.Discard)
+	stubborn.Relay(ctx, nil, io.Discard, io.Discard)
+	time.Sleep(300 * time.Millisecond) // both have set their traps
+	t0 := time.Now()
+	if _, err := c.Shutdown(ctx, &api.Empty{}); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	if b, err := os.ReadFile(marker); err != nil || string(b) != "yes\n" {
+		t.Errorf("the TERM trap did not run before the kill: %q, %v", b, err)
+	}
+	if took < guest.ShutdownTermGrace/2 || took > guest.ShutdownTermGrace+5*time.Second {
+		t.Errorf("Shutdown took %s with a process ignoring TERM; want about ShutdownTermGrace (%s)", took, guest.ShutdownTermGrace)
 	}
 }
 

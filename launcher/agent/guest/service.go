@@ -537,6 +537,13 @@ func (s *Service) ResizeTTY(ctx context.Context, req *api.ResizeTTYRequest) (*ap
 	return &api.Empty{}, nil
 }
 
+// ShutdownTermGrace is how long Shutdown lets the guest's processes handle
+// SIGTERM before it kills them: well below the host's stop_grace (default
+// 5 s), which bounds the whole Shutdown call.
+const ShutdownTermGrace = time.Second
+
+// Shutdown ends every process (SIGTERM, then SIGKILL after
+// ShutdownTermGrace), waits for them, syncs, and powers the guest off.
 func (s *Service) Shutdown(ctx context.Context, _ *api.Empty) (*api.Empty, error) {
 	s.mu.Lock()
 	s.stopped = true
@@ -545,7 +552,32 @@ func (s *Service) Shutdown(ctx context.Context, _ *api.Empty) (*api.Empty, error
 		procs = append(procs, p)
 	}
 	s.mu.Unlock()
+	// TERM first, then KILL after ShutdownTermGrace: a workload whose
+	// task was killed on the host right after a forwarded TERM (srun in a
+	// batch script kills its step's tasks when scancel's TERM reaches it)
+	// still runs its trap, e.g. to write a checkpoint to a share, as it
+	// would have on the host, where the TERM arrives before the KILL.
+	var running []*process
 	for _, p := range procs {
+		select {
+		case <-p.exited:
+		default:
+			_ = signalTask(p.pid, unix.SIGTERM)
+			running = append(running, p)
+		}
+	}
+	grace := time.After(ShutdownTermGrace)
+wait:
+	for _, p := range running {
+		select {
+		case <-p.exited:
+		case <-grace:
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	for _, p := range running {
 		select {
 		case <-p.exited:
 		default:
