@@ -18,15 +18,20 @@ import (
 )
 
 // trapLoop is a workload that prints POC-UP and runs for up to ten
-// minutes; for each of sigs its trap prints POC-TRAPPED-<SIG>, and the
-// TERM trap then exits 0, as a workload that saves its state on TERM
-// does.
-func trapLoop(sigs ...string) string {
+// minutes; for each of sigs its trap prints POC-TRAPPED-<SIG> and, when
+// mark is set, writes that line to the file mark-<SIG> (in a writable
+// share: a trap's output cannot reach a task that srun already killed,
+// its side effects can); the TERM trap then exits 0, as a workload that
+// saves its state on TERM does.
+func trapLoop(mark string, sigs ...string) string {
 	s := ""
 	for _, sig := range sigs {
 		then := ""
+		if mark != "" {
+			then += "; echo POC-TRAPPED-" + sig + " > " + mark + "-" + sig
+		}
 		if sig == "TERM" {
-			then = "; exit 0"
+			then += "; exit 0"
 		}
 		s += "trap 'echo POC-TRAPPED-" + sig + then + "' " + sig + "; "
 	}
@@ -51,16 +56,31 @@ type faultSpec struct {
 	stage fault.Stage
 	// wait bounds the job's run (default 5 min).
 	wait time.Duration
-	// stepOut: the step writes its output itself (stepOutput); expect
-	// gets it after the batch output.
-	stepOut string
+	// mark names the check's trap markers in the writable share
+	// (ckptShare): their lines are added to the job's output.
+	mark string
 }
 
-// stepOutput is argv with srun's --output to a file of the tenant A's
-// tree that slurmstepd writes on the node: a trap's output is kept even
-// when the batch script's srun is itself cancelled before it relays it.
-func (r *run) stepOutput(name string, argv ...string) []string {
-	return append([]string{"--output=" + filepath.Join(r.treeOf(r.tenants[0]), "out", name+"-step-%j.out")}, argv...)
+// ckptShare is the --microvm-mounts value of tenant A's writable share:
+// its ckpt directory on /ckpt (the site's [mounts] writable must allow it;
+// checks that need it SKIP otherwise).
+func (r *run) ckptShare() string {
+	return "--microvm-mounts=" + filepath.Join(r.treeOf(r.tenants[0]), "ckpt") + ":/ckpt:rw"
+}
+
+// trapStep is a job body: one step of trapLoop with its markers in the
+// writable share.
+func (r *run) trapStep(name string, sigs ...string) string {
+	return r.srunLine(r.ckptShare(), "sh", "-c", trapLoop("/ckpt/"+name, sigs...))
+}
+
+// refusedWritable reports whether out says the writable share was
+// refused by the site's mount policy (then the check SKIPs).
+func refusedWritable(out string) string {
+	if l := firstLineWith(out, "writable"); l != "" && !strings.Contains(out, "POC-UP") {
+		return l
+	}
+	return ""
 }
 
 func (r *run) faultCheck(ctx context.Context, c *report.Check, name string, f faultSpec) (Job, string) {
@@ -77,9 +97,6 @@ func (r *run) faultCheck(ctx context.Context, c *report.Check, name string, f fa
 		return Job{}, ""
 	}
 	v.job(j)
-	if f.stepOut != "" {
-		j.stepOut = filepath.Join(r.treeOf(r.tenants[0]), "out", fmt.Sprintf("%s-step-%d.out", f.stepOut, j.id))
-	}
 	if f.beforeRelease != nil {
 		if err := f.beforeRelease(j.id); err != nil {
 			v.fail("%v", err)
@@ -114,6 +131,18 @@ func (r *run) faultCheck(ctx context.Context, c *report.Check, name string, f fa
 		_, _ = r.wait(ctx, j, time.Minute)
 	}
 	out := j.output()
+	if f.mark != "" {
+		if why := refusedWritable(out); why != "" {
+			v.skip("no [mounts] writable entry allows the poc's share: %s", why)
+			return jb, out
+		}
+		marks, _ := filepath.Glob(filepath.Join(r.treeOf(r.tenants[0]), "ckpt", f.mark+"-*"))
+		for _, m := range marks {
+			b, _ := os.ReadFile(m)
+			out += string(b)
+			v.note("the trap wrote %s into the share", filepath.Base(m))
+		}
+	}
 	expect := f.expect
 	if expect == nil {
 		id := c.ID
@@ -231,34 +260,34 @@ func faultChecks() []checkDef {
 			r.faultCheck(ctx, c, "sig", faultSpec{body: r.srunLine("sh", "-c", "kill -TERM $$")})
 		}},
 		{"fault.scancel-step", "scancel of a step: the workload's TERM trap runs, the step ends", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "cancelstep", faultSpec{body: r.srunLine(r.stepOutput("cancelstep", "sh", "-c", trapLoop("TERM"))...), stepOut: "cancelstep",
+			r.faultCheck(ctx, c, "cancelstep", faultSpec{body: r.trapStep("cancelstep", "TERM"), mark: "cancelstep",
 				action: func(ctx context.Context, j *job, _ string) error {
 					return r.slurm.Scancel(ctx, fmt.Sprintf("%d.0", j.id))
 				},
 			})
 		}},
 		{"fault.scancel-job", "scancel of a job: the workload's TERM trap runs, the job ends CANCELLED", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "canceljob", faultSpec{body: r.srunLine(r.stepOutput("canceljob", "sh", "-c", trapLoop("TERM"))...), stepOut: "canceljob",
+			r.faultCheck(ctx, c, "canceljob", faultSpec{body: r.trapStep("canceljob", "TERM"), mark: "canceljob",
 				action: func(ctx context.Context, j *job, _ string) error { return r.slurm.Scancel(ctx, strconv.Itoa(j.id)) },
 			})
 		}},
 		{"fault.time-limit", "a job over its time limit ends TIMEOUT; --signal=USR1@T reaches the workload first", checkTimeLimit},
 		{"fault.vmm-killed", "the VMM killed with SIGKILL mid-step: srun reports it within seconds, naming the VMM", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "vmmkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop()),
+			r.faultCheck(ctx, c, "vmmkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop("")),
 				action: func(ctx context.Context, j *job, dir string) error {
 					return signalRecorded(dir, state.VMMPidFile, syscall.SIGKILL)
 				},
 				bound: 30 * time.Second})
 		}},
 		{"fault.supervisor-killed", "the supervisor killed with SIGKILL: the step fails and is torn down", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "supkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop()),
+			r.faultCheck(ctx, c, "supkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop("")),
 				action: func(ctx context.Context, j *job, dir string) error {
 					return signalRecorded(dir, state.SupervisorFile, syscall.SIGKILL)
 				},
 				bound: time.Minute})
 		}},
 		{"fault.exec-killed", "the task's exec process killed with SIGKILL: the step ends and is torn down", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "execkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop()),
+			r.faultCheck(ctx, c, "execkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop("")),
 				action: func(ctx context.Context, j *job, dir string) error {
 					pids, err := r.slurm.StepPids(ctx, j.id, 0)
 					if err != nil {
@@ -274,7 +303,7 @@ func faultChecks() []checkDef {
 				bound: time.Minute})
 		}},
 		{"fault.agent-hung", "a hung guest (the VMM stopped, so the agent cannot answer) is detected within a bounded time", func(ctx context.Context, r *run, c *report.Check) {
-			r.faultCheck(ctx, c, "agenthang", faultSpec{body: r.srunLine("sh", "-c", trapLoop()),
+			r.faultCheck(ctx, c, "agenthang", faultSpec{body: r.srunLine("sh", "-c", trapLoop("")),
 				action: func(ctx context.Context, j *job, dir string) error {
 					return signalRecorded(dir, state.VMMPidFile, syscall.SIGSTOP)
 				},
@@ -327,7 +356,7 @@ func (r *run) startFault(ctx context.Context, c *report.Check, st fault.Stage) {
 }
 
 func checkTimeLimit(ctx context.Context, r *run, c *report.Check) {
-	r.faultCheck(ctx, c, "timelimit", faultSpec{body: r.srunLine(r.stepOutput("timelimit", "sh", "-c", trapLoop("USR1", "TERM"))...), stepOut: "timelimit",
+	r.faultCheck(ctx, c, "timelimit", faultSpec{body: r.trapStep("timelimit", "USR1", "TERM"), mark: "timelimit",
 		args: []string{"-t", "1", "--signal=USR1@45"}, wait: 4 * time.Minute})
 }
 
@@ -356,7 +385,7 @@ func stepd(pid int) int {
 }
 
 func checkStepdKilled(ctx context.Context, r *run, c *report.Check) {
-	r.faultCheck(ctx, c, "stepdkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop()),
+	r.faultCheck(ctx, c, "stepdkill", faultSpec{body: r.srunLine("sh", "-c", trapLoop("")),
 		action: func(ctx context.Context, j *job, dir string) error {
 			pids, err := r.slurm.StepPids(ctx, j.id, 0)
 			if err != nil {
@@ -380,7 +409,7 @@ func checkStepdKilled(ctx context.Context, r *run, c *report.Check) {
 func checkRequeue(ctx context.Context, r *run, c *report.Check) {
 	var firstLeft []string
 	var second bool
-	r.faultCheck(ctx, c, "requeue", faultSpec{body: r.srunLine("sh", "-c", trapLoop()), args: []string{"--requeue"}, wait: 8 * time.Minute,
+	r.faultCheck(ctx, c, "requeue", faultSpec{body: r.srunLine("sh", "-c", trapLoop("")), args: []string{"--requeue"}, wait: 8 * time.Minute,
 		action: func(ctx context.Context, j *job, dir string) error {
 			// The first run, as the node knows it: its state
 			// directory (by inode: a requeued run may reuse the name)

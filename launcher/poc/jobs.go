@@ -146,8 +146,6 @@ type job struct {
 	name string
 	id   int
 	out  string // its output file (stdout and stderr)
-	// stepOut is the output file its step writes itself, when it does.
-	stepOut string
 }
 
 // sh quotes s for a POSIX shell.
@@ -197,14 +195,9 @@ func (r *run) sbatch(ctx context.Context, t *Tenant, name, body string, args ...
 	return j, nil
 }
 
-// output is the job's output so far ("" when none): its batch output,
-// then its step's own output file.
+// output is the job's output file so far ("" when none).
 func (j *job) output() string {
 	b, _ := os.ReadFile(j.out)
-	if j.stepOut != "" {
-		s, _ := os.ReadFile(j.stepOut)
-		b = append(b, s...)
-	}
 	return string(b)
 }
 
