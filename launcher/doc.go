@@ -75,6 +75,14 @@
 //     would close on the first missed ping, with no reason the task can
 //     print, and a TCG guest under load can miss one without being hung),
 //     or the VMM's process state (a stopped or livelocked VMM is alive).
+//   - Each phase of a start, and the stop, is one info line of the
+//     supervisor log (msg=phase phase=<name> ms=<int>; names in
+//     lifecycle.go's Phase constants) with nothing of the job's in it, so
+//     that --microvm-debug (which prints launcher.log on task 0's stderr
+//     when the task ends) and the admin's kept log show where the start
+//     time went. The stop's line comes after the task: it is in the kept
+//     log only. Alternative: a metrics endpoint; a per-step line needs no
+//     daemon and survives the step.
 //   - spec.json carries the user's paths (image, mounts, workdir) byte for
 //     byte: a value that is not UTF-8 is also written base64 under "raw",
 //     since encoding/json would replace its bytes by U+FFFD.

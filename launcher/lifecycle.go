@@ -146,11 +146,13 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 	for _, m := range moves {
 		log.Info("moved into step cgroup", "controller", m.Controller, "procs", m.Procs)
 	}
+	tStart := time.Now()
 	sb, release, err := l.boot(ctx, s, d, log)
 	if err != nil {
 		return fail(d, err)
 	}
 	defer release()
+	tReady := time.Now()
 	if err := l.phase(ctx, d, "mark the sandbox ready"); err != nil {
 		_ = sb.Stop(context.Background())
 		return fail(d, err)
@@ -164,6 +166,8 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 		_ = sb.Stop(context.Background())
 		return fail(d, fmt.Errorf("mark sandbox ready: %w", err))
 	}
+	logPhase(log, PhaseReady, tReady)
+	logPhase(log, PhaseStart, tStart)
 	serveErr := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -177,9 +181,11 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 	select {
 	case <-ctx.Done():
 		log.Info("stopping sandbox", "reason", context.Cause(ctx))
+		t0 := time.Now()
 		err := sb.Stop(context.Background())
 		cancel()
 		<-serveErr
+		logPhase(log, PhaseStop, t0)
 		return err
 	case err := <-hung:
 		log.Error("guest agent hung; killing the VMM", "err", err, "vmm_pid", sb.Pid())
@@ -203,6 +209,31 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 		_ = sb.Stop(context.Background())
 		return fail(d, err)
 	}
+}
+
+// The phases of a start and the stop, as the supervisor logs them: one
+// line each at info, msg "phase" with phase=<name> and ms=<duration in
+// whole milliseconds>, once the phase succeeded (a failed phase logs its
+// error instead). Names and keys are stable; tools parse them. A phase a
+// step does not need (GPUs, shares, MPI, network) still gets its line,
+// with the time it took to find that out.
+const (
+	PhaseGPUs    = "gpus"    // map and bind the step's GPUs, prepare their driver
+	PhaseShares  = "shares"  // resolve the mount policy, open the shares
+	PhaseImage   = "image"   // convert or find the image's disk
+	PhaseMPI     = "mpi"     // check the host MPI against the image
+	PhaseAssets  = "assets"  // find or build the guest kernel and initramfs
+	PhaseNetwork = "network" // set up the step network
+	PhaseBoot    = "boot"    // VMM spawn to agent ready and guest set up
+	PhaseReady   = "ready"   // the control socket and the ready mark
+	PhaseStart   = "start"   // all of the above, end to end
+	PhaseStop    = "stop"    // the supervisor's stop: guest shutdown, VMM gone
+)
+
+// logPhase logs that phase, begun at t0, is done. Nothing but the name and
+// the duration: never a value of the job's.
+func logPhase(log *slog.Logger, phase string, t0 time.Time) {
+	log.Info("phase", "phase", phase, "ms", time.Since(t0).Milliseconds())
 }
 
 // AgentHungError is the step's failure when the guest agent answered no
@@ -558,6 +589,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err := l.phase(ctx, d, "plan GPUs"); err != nil {
 		return nil, nil, err
 	}
+	t0 := time.Now()
 	machine, gpus, err := l.planGPUs(ctx, s, d, memMiB, cpus, log)
 	if err != nil {
 		return nil, nil, err
@@ -572,6 +604,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 			return nil, nil, err
 		}
 	}
+	logPhase(log, PhaseGPUs, t0)
 	// Held while the sandbox runs (the cache prunes no set in use); the
 	// directory itself the VMM holds once started.
 	started := false
@@ -592,10 +625,12 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 			}
 		}
 	}
+	t0 = time.Now()
 	shares, err := l.resolveMounts(ctx, s, log)
 	if err != nil {
 		return nil, nil, err
 	}
+	logPhase(log, PhaseShares, t0)
 	// QEMU holds its own descriptors once started.
 	defer shares.Close()
 	if err := fault.At(s.ID.Job, fault.Shares); err != nil {
@@ -610,7 +645,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err := fault.At(s.ID.Job, fault.Image); err != nil {
 		return nil, nil, fmt.Errorf("image %s: %w", s.Image, err)
 	}
-	t0 := time.Now()
+	t0 = time.Now()
 	img, err := image.Prepare(ctx, s.Image, image.Options{
 		UID: s.UID, GID: s.GID, Groups: s.Groups,
 		CacheRoot: filepath.Join(c.CacheDir, "images"),
@@ -622,16 +657,19 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		return nil, nil, err
 	}
 	log.Info("image ready", "image", s.Image, "digest", img.Digest, "disk", img.Disk, "ms", time.Since(t0).Milliseconds())
+	logPhase(log, PhaseImage, t0)
 	if err := fault.At(s.ID.Job, fault.Disk); err != nil {
 		return nil, nil, fmt.Errorf("image %s: disk %s: %w", s.Image, img.Disk, err)
 	}
 	if err := l.phase(ctx, d, "check MPI"); err != nil {
 		return nil, nil, err
 	}
+	t0 = time.Now()
 	mpiShare, err := l.planMPI(ctx, s, d, img.Disk, log)
 	if err != nil {
 		return nil, nil, err
 	}
+	logPhase(log, PhaseMPI, t0)
 	sharesForVM := shares.driverShares()
 	if mpiShare != nil {
 		defer mpiShare.Dir.Close()
@@ -642,6 +680,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		sharesForVM = readWrite(sharesForVM)
 	}
 	agentBin := c.QEMU.Agent
+	t0 = time.Now()
 	a, err := assets.Ensure(ctx, assets.Options{
 		KernelImage: c.QEMU.Kernel, Agent: agentBin,
 		CacheDir: filepath.Join(c.CacheDir, "assets"), Logger: log,
@@ -649,6 +688,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err != nil {
 		return nil, nil, fmt.Errorf("guest assets: %w", err)
 	}
+	logPhase(log, PhaseAssets, t0)
 	drv := qemu.New(qemu.Options{
 		Binary: c.QEMU.Binary, Accel: accel,
 		Kernel: a.Kernel, Initrd: a.Initrd,
@@ -662,10 +702,12 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err := l.phase(ctx, d, "set up the step network"); err != nil {
 		return nil, nil, err
 	}
+	t0 = time.Now()
 	netw, closeNet, err := l.planNetwork(ctx, s, d, log)
 	if err != nil {
 		return nil, nil, err
 	}
+	logPhase(log, PhaseNetwork, t0)
 	// The VMM holds its own descriptors once started; the host objects
 	// stay until stop (or gc) removes them by their recorded names.
 	defer closeNet()
@@ -676,6 +718,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err := fault.At(s.ID.Job, fault.VMM); err != nil {
 		return nil, nil, fmt.Errorf("start the VMM: %w", err)
 	}
+	t0 = time.Now()
 	sb, err := drv.Start(ctx, driver.SandboxConfig{
 		ID: s.ID.String(), StateDir: d.Path(),
 		CPUs: cpus, MemoryMiB: memMiB, OverlayMiB: OverlayMiB(memMiB, c.Resources),
@@ -693,6 +736,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		_ = sb.Stop(context.WithoutCancel(ctx))
 		return nil, nil, fmt.Errorf("boot sandbox %s: wait for the guest agent: %w", s.ID, err)
 	}
+	logPhase(log, PhaseBoot, t0)
 	started = true
 	return sb, done, nil
 }

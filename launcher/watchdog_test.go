@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -124,5 +125,43 @@ func TestGuestOOMReported(t *testing.T) {
 	res, _, errOut = r.exec(ctx, "sh", "-c", "kill -KILL $$")
 	if got := <-res; got.err != nil || got.st.Signal != unix.SIGKILL || got.st.OOMKilled || strings.Contains(errOut.String(), "out-of-memory") {
 		t.Errorf("kill -KILL: status %+v, err %v, stderr %q: want SIGKILL without OOM", got.st, got.err, errOut.String())
+	}
+}
+
+// TestPhasesLogged: the supervisor of a real step logs one line per phase
+// of its start and one for its stop, each with its duration in whole ms
+// (msg=phase phase=<name> ms=<int>), in order, and nothing of the task's
+// environment.
+func TestPhasesLogged(t *testing.T) {
+	r := startRealStep(t, 768, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const secret = "s3cr3t-phase-value"
+	st, err := r.l.Exec(ctx, r.d.Path(), []string{"true"}, []string{"API_TOKEN=" + secret}, Stdio{})
+	if err != nil || st.Code != 0 {
+		t.Fatalf("true: %+v, %v", st, err)
+	}
+	r.stop()
+	select {
+	case <-r.ended:
+	case <-ctx.Done():
+		t.Fatal("the supervisor did not stop")
+	}
+	log := r.log.String()
+	line := regexp.MustCompile(`(?m)^time=\S+ level=INFO msg=phase step=\S+ phase=(\w+) ms=(\d+)$`)
+	var got []string
+	for _, m := range line.FindAllStringSubmatch(log, -1) {
+		got = append(got, m[1])
+		t.Logf("%s: %s ms", m[1], m[2])
+	}
+	want := []string{PhaseGPUs, PhaseShares, PhaseImage, PhaseMPI, PhaseAssets, PhaseNetwork, PhaseBoot, PhaseReady, PhaseStart, PhaseStop}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("phase lines %q, want %q; log:\n%s", got, want, log)
+	}
+	if n := strings.Count(log, "msg=phase"); n != len(want) {
+		t.Errorf("%d lines with msg=phase, want %d (each of the form phase=<name> ms=<int>)", n, len(want))
+	}
+	if strings.Contains(log, secret) {
+		t.Errorf("the supervisor log holds a value of the task's environment:\n%s", log)
 	}
 }

@@ -20,10 +20,12 @@ func diagnosisChecks() []checkDef {
 	}
 }
 
-// Phases the supervisor logs (msg=phase phase=NAME ms=N) for every start.
-var Phases = []string{"image", "shares", "network", "boot", "ready"}
+// Phases the supervisor logs (msg=phase step=ID phase=NAME ms=N) for
+// every start, whatever the step asks for (GPUs and MPI only when it
+// does).
+var Phases = []string{"shares", "image", "assets", "network", "boot", "ready", "start"}
 
-var phaseLine = regexp.MustCompile(`msg=phase phase=(\S+) ms=(\d+)`)
+var phaseLine = regexp.MustCompile(`msg=phase (?:step=\S+ )?phase=(\S+) ms=(\d+)`)
 
 // judgePhases: every phase of Phases is in text with a duration.
 func judgePhases(where, text string) []string {

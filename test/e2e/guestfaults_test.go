@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -66,6 +67,38 @@ func TestE2EGuestFaults(t *testing.T) {
 	})
 
 	e.Run(t, "the guest's out-of-memory kill is reported with its reason", func(t *testing.T) { oomTest(t, e, img) })
+
+	e.Run(t, "--microvm-debug shows each start phase's duration and no job value", func(t *testing.T) {
+		const secret = "s3cr3t-e2e-phase"
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		cmd, err := e.C.Command(ctx, "", "srun", "--microvm-debug", img, "sh", "-c", "echo JOB=$SLURM_JOB_ID")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Env = append(cmd.Env, "API_TOKEN="+secret)
+		var so, se syncBuffer
+		cmd.Stdout, cmd.Stderr = &so, &se
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("srun: %v; stderr %q", err, se.String())
+		}
+		line := regexp.MustCompile(`(?m)^microvm launcher: time=\S+ level=INFO msg=phase step=\S+ phase=(\w+) ms=(\d+)$`)
+		var got []string
+		for _, m := range line.FindAllStringSubmatch(se.String(), -1) {
+			got = append(got, m[1])
+			t.Logf("%s: %s ms", m[1], m[2])
+		}
+		// The stop comes after the task, whose stderr this is: its line
+		// is in the admin's kept log only.
+		want := "gpus shares image mpi assets network boot ready start"
+		if strings.Join(got, " ") != want {
+			t.Errorf("phase lines %q, want %q; stderr:\n%s", got, want, se.String())
+		}
+		if strings.Contains(se.String(), secret) {
+			t.Errorf("the job's stderr holds an environment value of the job:\n%s", se.String())
+		}
+		e.WaitClean(t, jobOf(t, so.String()))
+	})
 }
 
 // oomTest: a step that touches more memory than its guest has is killed
