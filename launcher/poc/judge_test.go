@@ -218,7 +218,7 @@ func TestExpectations(t *testing.T) {
 		{"fault.exit-0", outcome{Job: Job{State: "COMPLETED", ExitCode: "0:0"}}, outcome{Job: Job{State: "FAILED", ExitCode: "125:0"}}, "want COMPLETED"},
 		{"fault.exit-n", outcome{Job: Job{State: "FAILED", ExitCode: "7:0"}}, outcome{Job: Job{State: "FAILED", ExitCode: "1:0"}}, "want FAILED 7:0"},
 		{"fault.signal", outcome{Job: Job{State: "FAILED"}, Out: "srun: error: vm: task 0: Terminated\n"}, outcome{Job: Job{State: "FAILED", ExitCode: "143:0"}}, "Terminated"},
-		{"fault.scancel-step", outcome{Job: Job{State: "COMPLETED"}, Out: "POC-UP\nPOC-TRAPPED-TERM\n"}, outcome{Job: Job{State: "COMPLETED"}, Out: "POC-UP\n"}, "TERM trap"},
+		{"fault.scancel-step", outcome{Job: Job{State: "COMPLETED"}, Out: "POC-UP\nPOC-AFTER-STEP 137\n"}, outcome{Job: Job{State: "CANCELLED"}, Out: "POC-UP\n"}, "go on"},
 		{"fault.scancel-job", outcome{Job: Job{State: "CANCELLED"}, Out: "POC-TRAPPED-TERM\n"}, outcome{Job: Job{State: "CANCELLED"}, Out: "POC-UP\n"}, "TERM trap"},
 		{"fault.time-limit", outcome{Job: Job{State: "TIMEOUT"}, Out: "POC-TRAPPED-USR1\nPOC-TRAPPED-TERM\n"}, outcome{Job: Job{State: "TIMEOUT"}, Out: "POC-TRAPPED-TERM\n"}, "--signal"},
 		{"fault.vmm-killed", outcome{Job: Job{State: "FAILED"}, Out: "slurm-microvm: the microVM's VMM exited: killed by signal 9 (SIGKILL)\n", Took: 2 * time.Second, Bound: bound},
