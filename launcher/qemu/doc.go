@@ -115,4 +115,15 @@
 //     submit holds in every network mode.
 //   - Every option value that comes from a path is escaped for QEMU's option
 //     parser (`,` doubled); nothing user-typed reaches the kernel command line.
+//   - The VMM starts through a trampoline (the launcher binary run with
+//     TrampolineArg) that blocks TERM, INT, HUP, QUIT and USR2 and execs
+//     QEMU: Slurm signals every process of a step (scancel of the job, the
+//     time limit, srun's Ctrl-C), and QEMU ends on TERM, INT and HUP, so
+//     the guest died before the workload's trap could run. The signals are
+//     the workload's: its task forwards them into the guest. A blocked mask
+//     survives execve and QEMU unblocks none of them; an inherited SIG_IGN
+//     would not do (QEMU installs handlers), and moving the VMM out of the
+//     step's cgroups would take its memory off the step and out of Slurm's
+//     reach. Go's os/exec resets a child's mask, hence the extra exec
+//     (about 1 ms; TestTrampoline, and poc fault.scancel-job end to end).
 package qemu

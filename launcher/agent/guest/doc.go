@@ -8,6 +8,17 @@
 //
 // Design decisions:
 //
+//   - A forwarded signal goes to the process's whole process group (each
+//     process is a session leader), not the process alone: Slurm signals
+//     every process of a step on the host, so a shell's foreground sleep
+//     ends and its trap runs at once (TestSignalReachesTheTaskGroup).
+//   - Shutdown sends TERM, then KILL after ShutdownTermGrace (1 s), rather
+//     than KILL at once: srun in a batch script kills its step's tasks as
+//     soon as scancel's TERM reaches srun, before a forwarded TERM has
+//     crossed into the guest; on the host the TERM would have come first,
+//     so the workload's trap (a checkpoint to a share) gets that second
+//     here (TestShutdownLetsTrapsRun). It stays below the host's
+//     stop_grace, which bounds the call.
 //   - One reaper for every child (wait4(-1) on SIGCHLD) instead of a Wait per
 //     process: as PID 1 the agent inherits every orphan of the guest and must
 //     reap them all, and two waiters on the same pids race. Starting a process
