@@ -50,15 +50,9 @@ func checkPhases(ctx context.Context, r *run, c *report.Check) {
 	defer v.done()
 	a := r.tenants[0]
 	snap := residue.Take(r.scope)
-	j, err := r.sbatch(ctx, a, "debug", r.srunLine("--microvm-debug", "--microvm-mounts="+r.treeOf(a)+"/own:/data", "sh", "-c", "cat /data/data.txt >/dev/null; echo POC-DEBUG-DONE"), "-t", "5", "--mem=512")
-	if err != nil {
-		v.fail("%v", err)
+	j, jb, ok := r.runJob(ctx, v, a, "debug", r.srunLine("--microvm-debug", "--microvm-mounts="+r.treeOf(a)+"/own:/data", "sh", "-c", "cat /data/data.txt >/dev/null; echo POC-DEBUG-DONE"), 5*time.Minute, "-t", "5", "--mem=512")
+	if !ok {
 		return
-	}
-	v.job(j)
-	jb, err := r.wait(ctx, j, 5*time.Minute)
-	if err != nil {
-		v.fail("%v", err)
 	}
 	end := time.Now()
 	if jb.State != "COMPLETED" {

@@ -230,16 +230,9 @@ func checkGPUs(ctx context.Context, r *run, c *report.Check) {
 		if n > 0 {
 			args = append(args, fmt.Sprintf("--gres=%s:%d", prefix, n))
 		}
-		j, err := r.sbatch(ctx, r.tenants[i%2], fmt.Sprintf("gpus-%d", i), r.srunLine("sh", "-c", guest), args...)
-		if err != nil {
-			v.fail("%v", err)
+		j, jb, ok := r.runJob(ctx, v, r.tenants[i%2], fmt.Sprintf("gpus-%d", i), r.srunLine("sh", "-c", guest), 6*time.Minute, args...)
+		if !ok {
 			return
-		}
-		v.job(j)
-		jb, err := r.wait(ctx, j, 6*time.Minute)
-		if err != nil {
-			v.fail("%v", err)
-			continue
 		}
 		out, _, _, _ := r.slurm.Run(ctx, nil, "", "scontrol", "show", "job", "-d", strconv.Itoa(j.id))
 		m := gresIdx.FindStringSubmatch(out)
@@ -293,18 +286,12 @@ func checkNetwork(ctx context.Context, r *run, c *report.Check) {
 	snap := residue.Take(r.scope)
 	guest := fmt.Sprintf(`for i in $(sed 1,2d /proc/net/dev | cut -d: -f1); do echo POC-IF $i; done
 if command -v nc >/dev/null; then
-  for h in %s 10.0.2.2 169.254.169.254; do timeout 3 nc %s$h %s </dev/null >/dev/null 2>&1 && echo POC-REACHED $h; done
+  for h in %s 10.0.2.2 169.254.169.254; do timeout 3 nc $h %s </dev/null >/dev/null 2>&1 && echo POC-REACHED $h; done
 fi
-echo POC-NET-DONE`, addr, "", port)
-	j, err := r.sbatch(ctx, r.tenants[0], "net", r.srunLine("sh", "-c", guest), "-t", "5")
-	if err != nil {
-		v.fail("%v", err)
+echo POC-NET-DONE`, addr, port)
+	j, jb, ok := r.runJob(ctx, v, r.tenants[0], "net", r.srunLine("sh", "-c", guest), 5*time.Minute, "-t", "5")
+	if !ok {
 		return
-	}
-	v.job(j)
-	jb, err := r.wait(ctx, j, 5*time.Minute)
-	if err != nil {
-		v.fail("%v", err)
 	}
 	end := time.Now()
 	out := j.output()

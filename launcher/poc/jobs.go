@@ -195,6 +195,22 @@ func (r *run) sbatch(ctx context.Context, t *Tenant, name, body string, args ...
 	return j, nil
 }
 
+// runJob submits body as t (see sbatch), records the job on v and waits
+// up to limit for its end; ok is false when it could not be submitted
+// (v holds why). A wait that fails is recorded on v too.
+func (r *run) runJob(ctx context.Context, v *verdict, t *Tenant, name, body string, limit time.Duration, args ...string) (j *job, jb Job, ok bool) {
+	j, err := r.sbatch(ctx, t, name, body, args...)
+	if err != nil {
+		v.fail("%v", err)
+		return nil, Job{}, false
+	}
+	v.job(j)
+	if jb, err = r.wait(ctx, j, limit); err != nil {
+		v.fail("%v", err)
+	}
+	return j, jb, true
+}
+
 // output is the job's output file so far ("" when none).
 func (j *job) output() string {
 	b, _ := os.ReadFile(j.out)

@@ -288,3 +288,16 @@ func TestAdminLogSinceRun(t *testing.T) {
 		t.Errorf("[log] dir off: %q", got)
 	}
 }
+
+func TestParseJob(t *testing.T) {
+	j, err := ParseJob(7, "JobId=7 JobName=x UserId=a(1001) JobState=TIMEOUT Reason=TimeLimit Dependency=(null) Restarts=1 ExitCode=0:15 StdOut=/home/a/x-7.out\nJobId=8 JobState=RUNNING\n")
+	if err != nil || j.State != "TIMEOUT" || j.Reason != "TimeLimit" || j.Restarts != 1 || j.ExitCode != "0:15" || j.StdOut != "/home/a/x-7.out" {
+		t.Errorf("ParseJob = %+v, %v", j, err)
+	}
+	if _, err := ParseJob(9, "slurm_load_jobs error: Invalid job id specified"); err == nil || !strings.Contains(err.Error(), "no JobState") {
+		t.Errorf("no record: %v", err)
+	}
+	if !Terminal("OUT_OF_MEMORY") || Terminal("COMPLETING") || Terminal("RUNNING") {
+		t.Error("Terminal")
+	}
+}

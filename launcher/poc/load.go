@@ -184,14 +184,9 @@ func checkBackToBack(ctx context.Context, r *run, c *report.Check) {
 	n := r.o.BackToBack
 	snap := residue.Take(r.scope)
 	body := fmt.Sprintf("i=0; while [ $i -lt %d ]; do %s; i=$((i+1)); done", n, r.timedSrun())
-	j, err := r.sbatch(ctx, r.tenants[1], "b2b", body, "-t", "30", "-c1", "--mem=512")
-	if err != nil {
-		v.fail("%v", err)
+	j, _, ok := r.runJob(ctx, v, r.tenants[1], "b2b", body, time.Duration(n)*time.Minute, "-t", "30", "-c1", "--mem=512")
+	if !ok {
 		return
-	}
-	v.job(j)
-	if _, err := r.wait(ctx, j, time.Duration(n)*time.Minute); err != nil {
-		v.fail("%v", err)
 	}
 	end := time.Now()
 	ms, failed := startTimes(j.output())

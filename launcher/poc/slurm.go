@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/user"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -132,31 +133,41 @@ func (s *Slurm) Sbatch(ctx context.Context, t *Tenant, env []string, script stri
 }
 
 // Job is what slurmctld says of a job (`scontrol show job -o`), kept for
-// MinJobAge after it ends.
+// MinJobAge (default 300 s) after it ends.
 type Job struct {
-	ID       int
-	State    string // base JobState: RUNNING, COMPLETED, FAILED, TIMEOUT, ...
-	ExitCode string // "status:signal"
-	Reason   string
+	ID int
+	// State is the base JobState: PENDING, RUNNING, COMPLETED, FAILED,
+	// CANCELLED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, ...
+	State string
+	// ExitCode is "status:signal" of the batch script or the job's first
+	// failing step, e.g. "0:0", "3:0", "0:9".
+	ExitCode string
+	// Reason is Slurm's pending or failure reason ("None" when none).
+	Reason string
+	// StdOut is the batch job's output file.
+	StdOut   string
 	Restarts int
-	Raw      string
+	// Raw is the record's line.
+	Raw string
 }
 
-var jobField = regexp.MustCompile(`(?:^|\s)(JobState|ExitCode|Reason|Restarts)=(\S*)`)
+var jobField = regexp.MustCompile(`(?:^|\s)(JobState|ExitCode|Reason|StdOut|Restarts)=(\S*)`)
 
-// terminal are the states a job never leaves (squeue(1) JOB STATE CODES).
+// terminal are the states a job never leaves (squeue(1) JOB STATE CODES,
+// without the transient COMPLETING).
 var terminal = map[string]bool{
 	"COMPLETED": true, "FAILED": true, "CANCELLED": true, "TIMEOUT": true,
 	"OUT_OF_MEMORY": true, "NODE_FAIL": true, "PREEMPTED": true,
 	"BOOT_FAIL": true, "DEADLINE": true, "REVOKED": true,
 }
 
-// Job reads job id (for an array job, its first task's record line).
-func (s *Slurm) Job(ctx context.Context, id int) (Job, error) {
-	out, err := s.root(ctx, "scontrol", "show", "job", "-o", strconv.Itoa(id))
-	if err != nil {
-		return Job{}, err
-	}
+// Terminal reports whether a job in state never leaves it.
+func Terminal(state string) bool { return terminal[state] }
+
+// ParseJob reads job id's record from `scontrol show job -o ID` output
+// (its first line: an array job's first task); an error when it has no
+// JobState.
+func ParseJob(id int, out string) (Job, error) {
 	line, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
 	j := Job{ID: id, Raw: line}
 	for _, m := range jobField.FindAllStringSubmatch(line, -1) {
@@ -167,6 +178,8 @@ func (s *Slurm) Job(ctx context.Context, id int) (Job, error) {
 			j.ExitCode = m[2]
 		case "Reason":
 			j.Reason = m[2]
+		case "StdOut":
+			j.StdOut = m[2]
 		case "Restarts":
 			j.Restarts, _ = strconv.Atoi(m[2])
 		}
@@ -177,25 +190,38 @@ func (s *Slurm) Job(ctx context.Context, id int) (Job, error) {
 	return j, nil
 }
 
+// Job reads job id.
+func (s *Slurm) Job(ctx context.Context, id int) (Job, error) {
+	out, err := s.root(ctx, "scontrol", "show", "job", "-o", strconv.Itoa(id))
+	if err != nil {
+		return Job{}, err
+	}
+	return ParseJob(id, out)
+}
+
 // WaitJob polls job id until its state is one of states (none: any
 // terminal state), bounded by ctx.
 func (s *Slurm) WaitJob(ctx context.Context, id int, states ...string) (Job, error) {
+	return PollJob(ctx, id, 200*time.Millisecond, func(ctx context.Context) (Job, error) { return s.Job(ctx, id) }, states...)
+}
+
+// PollJob calls read every poll until the job's state is one of states
+// (none: any terminal state) and returns it; it fails early when the job
+// ends in a state not in states, and when ctx ends.
+func PollJob(ctx context.Context, id int, poll time.Duration, read func(context.Context) (Job, error), states ...string) (Job, error) {
 	want := func(st string) bool {
 		if len(states) == 0 {
 			return terminal[st]
 		}
-		for _, w := range states {
-			if st == w {
-				return true
-			}
-		}
-		return false
+		return slices.Contains(states, st)
 	}
+	var last Job
 	for {
-		j, err := s.Job(ctx, id)
+		j, err := read(ctx)
 		if err != nil {
-			return j, fmt.Errorf("wait for job %d: %w", id, err)
+			return last, fmt.Errorf("wait for job %d: %w", id, err)
 		}
+		last = j
 		if want(j.State) {
 			return j, nil
 		}
@@ -205,7 +231,7 @@ func (s *Slurm) WaitJob(ctx context.Context, id int, states ...string) (Job, err
 		select {
 		case <-ctx.Done():
 			return j, fmt.Errorf("wait for job %d (last state %s): %w", id, j.State, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(poll):
 		}
 	}
 }

@@ -10,13 +10,13 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/poc"
 	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
@@ -678,33 +678,10 @@ func (c *Cluster) Squeue(ctx context.Context, args ...string) (string, error) {
 	return stdout, err
 }
 
-// Job is what slurmctld says about a job (`scontrol show job -o`). It is
-// kept for MinJobAge (300 s) after the job ends.
-type Job struct {
-	ID int
-	// State is the base JobState: PENDING, RUNNING, COMPLETED, FAILED,
-	// CANCELLED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, ...
-	State string
-	// ExitCode is "status:signal" of the batch script or the job's first
-	// failing step, e.g. "0:0", "3:0", "0:9".
-	ExitCode string
-	// Reason is Slurm's pending/failure reason ("None" when there is none).
-	Reason string
-	// StdOut is the batch job's output file path.
-	StdOut string
-	// Raw is the whole `scontrol show job -o` line.
-	Raw string
-}
-
-var jobFields = regexp.MustCompile(`(?:^|\s)(JobState|ExitCode|Reason|StdOut)=(\S*)`)
-
-// terminalStates are the job states a job never leaves (squeue(1) "JOB
-// STATE CODES", without the transient COMPLETING).
-var terminalStates = map[string]bool{
-	"COMPLETED": true, "FAILED": true, "CANCELLED": true, "TIMEOUT": true,
-	"OUT_OF_MEMORY": true, "NODE_FAIL": true, "PREEMPTED": true,
-	"BOOT_FAIL": true, "DEADLINE": true, "REVOKED": true,
-}
+// Job is what slurmctld says about a job (`scontrol show job -o`), as
+// the poc reads it (poc.Job). It is kept for MinJobAge (300 s) after the
+// job ends.
+type Job = poc.Job
 
 // Job reads job id's state from slurmctld.
 func (c *Cluster) Job(ctx context.Context, id int) (Job, error) {
@@ -715,23 +692,7 @@ func (c *Cluster) Job(ctx context.Context, id int) (Job, error) {
 	if err != nil {
 		return Job{}, err
 	}
-	j := Job{ID: id, Raw: strings.TrimSpace(stdout)}
-	for _, m := range jobFields.FindAllStringSubmatch(j.Raw, -1) {
-		switch m[1] {
-		case "JobState":
-			j.State = m[2]
-		case "ExitCode":
-			j.ExitCode = m[2]
-		case "Reason":
-			j.Reason = m[2]
-		case "StdOut":
-			j.StdOut = m[2]
-		}
-	}
-	if j.State == "" {
-		return j, fmt.Errorf("scontrol show job %d: no JobState in %q", id, j.Raw)
-	}
-	return j, nil
+	return poc.ParseJob(id, stdout)
 }
 
 // WaitJob polls job id every 100 ms until it reaches a terminal state
@@ -747,34 +708,5 @@ func (c *Cluster) WaitJob(ctx context.Context, id int) (Job, error) {
 func (c *Cluster) WaitJobState(ctx context.Context, id int, states ...string) (Job, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	want := func(s string) bool {
-		if len(states) == 0 {
-			return terminalStates[s]
-		}
-		for _, w := range states {
-			if s == w {
-				return true
-			}
-		}
-		return false
-	}
-	var last Job
-	for {
-		j, err := c.Job(ctx, id)
-		if err != nil {
-			return last, fmt.Errorf("wait for job %d: %w", id, err)
-		}
-		last = j
-		if want(j.State) {
-			return j, nil
-		}
-		if terminalStates[j.State] {
-			return j, fmt.Errorf("wait for job %d to be %v: it ended %s (exit %s, reason %s)", id, states, j.State, j.ExitCode, j.Reason)
-		}
-		select {
-		case <-ctx.Done():
-			return j, fmt.Errorf("wait for job %d (last state %s): %w", id, j.State, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return poc.PollJob(ctx, id, 100*time.Millisecond, func(ctx context.Context) (Job, error) { return c.Job(ctx, id) }, states...)
 }
