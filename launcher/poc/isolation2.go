@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/cgroup"
 	"github.com/slurm-microvm/slurm-microvm/launcher/poc/report"
 	"github.com/slurm-microvm/slurm-microvm/launcher/residue"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
@@ -83,25 +84,11 @@ func firstLineWith(s, sub string) string {
 	return ""
 }
 
-// cpuCount counts a cpuset list ("0-3,8,10-11").
+// cpuCount counts a cpuset list ("0-3,8,10-11"); 0 when it is not one.
 func cpuCount(list string) int {
-	n := 0
-	for _, part := range strings.Split(strings.TrimSpace(list), ",") {
-		if part == "" {
-			continue
-		}
-		lo, hi, ok := strings.Cut(part, "-")
-		a, err1 := strconv.Atoi(lo)
-		if !ok {
-			if err1 == nil {
-				n++
-			}
-			continue
-		}
-		b, err2 := strconv.Atoi(hi)
-		if err1 == nil && err2 == nil && b >= a {
-			n += b - a + 1
-		}
+	n, err := cgroup.CountList(strings.TrimSpace(list))
+	if err != nil {
+		return 0
 	}
 	return n
 }
