@@ -3,7 +3,6 @@ package poc
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -107,7 +106,7 @@ func checkNoTenantData(ctx context.Context, r *run, c *report.Check) {
 	}
 	files := map[string]string{}
 	read := func(p string) {
-		if b, err := os.ReadFile(p); err == nil {
+		if b, err := readRegular(p, maxRead, nil); err == nil {
 			files[p] = string(b)
 		}
 	}

@@ -46,7 +46,7 @@ func fileHashes(dir string) map[string]string {
 	out := map[string]string{}
 	_ = filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
 		if err == nil && fi.Mode().IsRegular() {
-			if b, err := os.ReadFile(p); err == nil {
+			if b, err := readRegular(p, maxRead, nil); err == nil {
 				out[fmt.Sprintf("%x", sha256.Sum256(b))] = p
 			}
 		}
@@ -184,7 +184,7 @@ func secretHits(roots []string, secret string) []string {
 			if err != nil || !fi.Mode().IsRegular() || fi.Size() > 64<<20 {
 				return nil
 			}
-			if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), secret) {
+			if b, err := readRegular(p, maxRead, nil); err == nil && strings.Contains(string(b), secret) {
 				hits = append(hits, p)
 			}
 			return nil

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -19,6 +20,34 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/residue"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
+
+// maxRead bounds what the poc reads of a file someone else may have made
+// (a tenant's output, a file in /tmp): 16 MiB.
+const maxRead = 16 << 20
+
+// readRegular reads at most max bytes of path when it is a regular file
+// (not a symlink: the last component is opened with O_NOFOLLOW; not a
+// FIFO or device: O_NONBLOCK, then fstat) and, when owner is not nil,
+// owned by that uid. The poc runs as root and reads files that tenants
+// can replace at any time; this is how it reads them.
+func readRegular(path string, max int64, owner *uint32) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); owner != nil && (!ok || st.Uid != *owner) {
+		return nil, fmt.Errorf("%s: not owned by uid %d", path, *owner)
+	}
+	return io.ReadAll(io.LimitReader(f, max))
+}
 
 // PocDirName is the directory under each test account's home that holds
 // the poc's trees, one per run (<home>/.slurm-microvm-poc/<run id>).
@@ -121,7 +150,7 @@ func treeSum(dir string) (string, error) {
 			target, _ := os.Readlink(p)
 			line += " -> " + target
 		case fi.Mode().IsRegular():
-			b, err := os.ReadFile(p)
+			b, err := readRegular(p, maxRead, nil)
 			if err != nil {
 				return err
 			}
@@ -213,7 +242,7 @@ func (r *run) runJob(ctx context.Context, v *verdict, t *Tenant, name, body stri
 
 // output is the job's output file so far ("" when none).
 func (j *job) output() string {
-	b, _ := os.ReadFile(j.out)
+	b, _ := readRegular(j.out, maxRead, &j.t.UID) // Slurm writes it as the tenant
 	return string(b)
 }
 
@@ -347,7 +376,7 @@ func (r *run) adminLog(id int) string {
 	var b strings.Builder
 	since := r.rep.Started.Add(-time.Second)
 	for _, p := range logs {
-		data, err := os.ReadFile(p)
+		data, err := readRegular(p, maxRead, nil)
 		if err != nil {
 			continue
 		}

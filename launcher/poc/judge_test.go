@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -299,5 +300,47 @@ func TestParseJob(t *testing.T) {
 	}
 	if !Terminal("OUT_OF_MEMORY") || Terminal("COMPLETING") || Terminal("RUNNING") {
 		t.Error("Terminal")
+	}
+}
+
+// TestReadRegular: the poc (root) reads a tenant's file only when it is a
+// regular file of that tenant, never through a symlink the tenant
+// planted, never blocking on a FIFO, never more than asked.
+func TestReadRegular(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "root-only")
+	if err := os.WriteFile(secret, []byte("root secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "out.txt")
+	if err := os.Symlink(secret, link); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := readRegular(link, 100, nil); err == nil {
+		t.Errorf("read %q through a symlink", b)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := readRegular(fifo, 100, nil); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("read a FIFO")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("readRegular blocked on a FIFO")
+	}
+	if b, err := readRegular("/dev/zero", 100, nil); err == nil {
+		t.Errorf("read %d bytes of a device", len(b))
+	}
+	nobody := uint32(65534)
+	if _, err := readRegular(secret, 100, &nobody); err == nil {
+		t.Error("read a file not owned by the given uid")
+	}
+	if b, err := readRegular(secret, 4, nil); err != nil || string(b) != "root" {
+		t.Errorf("limited read = %q, %v", b, err)
 	}
 }

@@ -156,7 +156,7 @@ func checkArray(ctx context.Context, r *run, c *report.Check) {
 	var all []int64
 	failed, missing := 0, 0
 	for i := range n {
-		b, _ := os.ReadFile(strings.ReplaceAll(j.out, "%a", strconv.Itoa(i)))
+		b, _ := readRegular(strings.ReplaceAll(j.out, "%a", strconv.Itoa(i)), maxRead, &j.t.UID)
 		ms, f := startTimes(string(b))
 		if len(ms) == 0 {
 			missing++

@@ -199,21 +199,14 @@ func Run(ctx context.Context, o Options) (*report.Report, error) {
 		}
 		c.DurationMS = time.Since(t0).Milliseconds()
 		r.rep.Checks = append(r.rep.Checks, c)
-		printCheck(o.Out, &c)
+		printCheck(o.Out, &c, r.rep.UnkillableStepTimeoutS)
 	}
 	r.rep.Finished = time.Now().UTC()
 	return r.rep, nil
 }
 
-func printCheck(w io.Writer, c *report.Check) {
-	line := fmt.Sprintf("%s %s: %s", c.Verdict, c.ID, c.Title)
-	if c.Verdict != report.Pass && c.Reason != "" {
-		line += ": " + c.Reason
-	}
-	if c.TeardownMS > 0 {
-		line += fmt.Sprintf(" (teardown %d ms)", c.TeardownMS)
-	}
-	fmt.Fprintln(w, line)
+func printCheck(w io.Writer, c *report.Check, unkillableS int) {
+	fmt.Fprintln(w, report.CheckLine(*c, unkillableS))
 }
 
 func (r *run) selected(id string) bool {

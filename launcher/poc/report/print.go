@@ -5,7 +5,10 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Print writes r for a terminal: one line per check in r.Checks' order,
@@ -80,8 +83,33 @@ func teardownText(ms int64, timeoutS int) string {
 // oneLine folds s onto one line (a reason or title with a newline would
 // break the one-line-per-check contract of Print).
 func oneLine(s string) string {
-	return strings.Join(strings.Fields(s), " ")
+	return strings.Join(strings.Fields(Printable(s)), " ")
 }
+
+// Printable is s with every rune that is not printable (control
+// characters, terminal escape sequences) written as a Go escape (\x1b,
+// \u200b): a check's reason can hold names other users chose (a file in
+// /tmp, a process's command line), and one must not rewrite the terminal's
+// line (a FAIL shown as PASS).
+func Printable(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r == ' ' || r == '\t' || r == '\n':
+			b.WriteRune(r)
+		case r == utf8.RuneError || !unicode.IsPrint(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// CheckLine is the line Print writes for c; timeoutS is Slurm's
+// UnkillableStepTimeout (s) the teardown is printed against.
+func CheckLine(c Check, timeoutS int) string { return checkLine(c, timeoutS) }
 
 // lines are the load figures of Print, none for a nil Load.
 func (l *Load) lines() []string {

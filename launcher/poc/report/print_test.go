@@ -189,3 +189,16 @@ func TestLoadSummarize(t *testing.T) {
 	var nilLoad *Load
 	nilLoad.Summarize() // must not panic
 }
+
+// TestPrintableLine: a reason holding a name another user chose (a file
+// in /tmp with terminal escapes) cannot rewrite the terminal's line.
+func TestPrintableLine(t *testing.T) {
+	evil := "left on the node: temporary file /tmp/\x1b[G\x1b[2KPASS fault.exit-0: ok\x1b[8m\r"
+	line := CheckLine(Check{ID: "fault.exit-0", Title: "t", Verdict: Fail, Reason: evil}, 60)
+	if strings.ContainsAny(line, "\x1b\r") {
+		t.Errorf("line %q keeps control characters", line)
+	}
+	if !strings.HasPrefix(line, "FAIL fault.exit-0: t: ") || !strings.Contains(line, `\x1b[G`) {
+		t.Errorf("line %q: want the FAIL with the escapes shown", line)
+	}
+}
