@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -38,6 +39,7 @@ func pocCommand() *cli.Command {
 			&cli.StringFlag{Name: "checks", Usage: "run only the checks whose id starts with one of these, comma separated (e.g. isolation,fault.vmm)"},
 			&cli.IntFlag{Name: "array-tasks", Value: 100, Usage: "tasks of the job-array load check"},
 			&cli.IntFlag{Name: "back-to-back", Value: 20, Usage: "steps of the back-to-back load check"},
+			&cli.StringFlag{Name: "tmp-ignore", Usage: "names in /tmp and /var/tmp that other programs on the node make, not counted as left behind: glob patterns, colon separated"},
 			&cli.BoolFlag{Name: "keep", Usage: "keep the poc's files (job outputs) under the accounts' homes, for inspection"},
 			&cli.BoolFlag{Name: "list", Usage: "list the check ids and exit"},
 		},
@@ -81,7 +83,7 @@ func pocCommand() *cli.Command {
 				Config: cfg, Launcher: self, Users: [2]string{users[0], users[1]}, Image: c.String("image"),
 				Node: c.String("node"), Partition: c.String("partition"), Reservation: c.String("reservation"),
 				GRES: c.String("gres"), ArrayTasks: c.Int("array-tasks"), BackToBack: c.Int("back-to-back"),
-				Only: only, Keep: c.Bool("keep"), Env: env, Version: version, Out: os.Stdout,
+				Only: only, Keep: c.Bool("keep"), Env: env, TmpIgnore: filepath.SplitList(c.String("tmp-ignore")), Version: version, Out: os.Stdout,
 				Log: newLogger(os.Stderr, c.Bool("debug")),
 			})
 			if err != nil {

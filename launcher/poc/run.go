@@ -48,6 +48,10 @@ type Options struct {
 	Only []string
 	// Keep leaves the tenants' poc trees (job outputs) in place.
 	Keep bool
+	// TmpIgnore are glob patterns (path.Match) of names in /tmp and
+	// /var/tmp that others make on this node while the poc runs; they are
+	// not counted as left behind (the report lists them).
+	TmpIgnore []string
 	// Env is the environment of Slurm's commands (PATH, SLURM_CONF).
 	Env []string
 	// Version goes into the report.
@@ -172,6 +176,9 @@ func Run(ctx context.Context, o Options) (*report.Report, error) {
 		r.rep.Notes = append(r.rep.Notes, "this launcher is not an smv_faults build: the start-stage fault checks skip (a production binary cannot inject faults)")
 	}
 	r.scope = r.residueScope()
+	if len(o.TmpIgnore) > 0 {
+		r.rep.Notes = append(r.rep.Notes, "not counted as left behind: names in /tmp and /var/tmp matching "+strings.Join(o.TmpIgnore, ", "))
+	}
 
 	defer r.cleanup()
 	if err := r.makeTrees(ctx); err != nil {
@@ -245,7 +252,8 @@ func (r *run) residueScope() residue.Scope {
 		Paths:      paths,
 		RuntimeDir: c.RuntimeDir,
 		Records:    []string{state.StoppedDir},
-		TmpIgnore:  filepath.SplitList(os.Getenv("SMV_RESIDUE_TMP_IGNORE")),
+		TmpIgnore:  r.o.TmpIgnore,
+		NoCmdlines: true,
 		CacheDir:   c.CacheDir,
 		Programs:   []string{filepath.Base(c.QEMU.Binary), "virtiofsd", r.o.Launcher},
 	}

@@ -86,6 +86,10 @@ type Scope struct {
 	// SysRoot is where sysfs is mounted ("" : /sys); tests give a fake
 	// tree.
 	SysRoot string
+	// NoCmdlines leaves processes' command lines out of Left's lines (pid
+	// and executable only): on a node other users share, a command line
+	// is theirs to keep (slurm-microvm poc's report is readable by all).
+	NoCmdlines bool
 }
 
 // Snapshot is the host as it was before a test.
@@ -181,7 +185,7 @@ func (s *Snapshot) Left() []string {
 		}
 		procs := cgroupProcs(d)
 		for _, p := range procs {
-			out = append(out, fmt.Sprintf("process %d in the job cgroup %s: %s", p, d, cmdline(p)))
+			out = append(out, fmt.Sprintf("process %d in the job cgroup %s%s", p, d, s.cmdline(p)))
 		}
 		if len(procs) == 0 {
 			out = append(out, "cgroup directory "+d)
@@ -200,7 +204,7 @@ func (s *Snapshot) Left() []string {
 		exe = strings.TrimSuffix(exe, " (deleted)")
 		for _, prog := range s.scope.Programs {
 			if exe != "" && (exe == prog || filepath.Base(exe) == prog) {
-				out = append(out, fmt.Sprintf("process %d (%s): %s", p, exe, cmdline(p)))
+				out = append(out, fmt.Sprintf("process %d (%s)%s", p, exe, s.cmdline(p)))
 				break
 			}
 		}
@@ -295,6 +299,14 @@ func mounts() []*mountinfo.Info {
 
 func mountKey(m *mountinfo.Info) string {
 	return m.Mountpoint + "\x00" + m.Root + "\x00" + m.Source + "\x00" + strconv.Itoa(m.ID)
+}
+
+// cmdline is ": " and pid's command line, or "" with Scope.NoCmdlines.
+func (s *Snapshot) cmdline(pid int) string {
+	if s.scope.NoCmdlines {
+		return ""
+	}
+	return ": " + cmdline(pid)
 }
 
 func backingNote(b string) string {

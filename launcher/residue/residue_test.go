@@ -2,6 +2,7 @@ package residue
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,6 +156,29 @@ func TestSysfsLeftovers(t *testing.T) {
 	for _, old := range []string{"0000:00:02.0", "job_1", "new_id"} {
 		if strings.Contains(got, old) {
 			t.Errorf("Left blames %s, which is not new:\n%s", old, got)
+		}
+	}
+}
+
+// TestNoCmdlines: with Scope.NoCmdlines a leftover process is named by pid
+// and executable only; its command line (another user's to keep) is not
+// in the line.
+func TestNoCmdlines(t *testing.T) {
+	prereq.Tools(t, "sleep")
+	for _, hide := range []bool{false, true} {
+		before := Take(Scope{Programs: []string{"sleep"}, TmpDirs: []string{t.TempDir()}, NoCmdlines: hide})
+		p := exec.Command("sleep", "301.5")
+		if err := p.Start(); err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(before.Left(), "\n")
+		_ = p.Process.Kill()
+		_ = p.Wait()
+		if !strings.Contains(got, fmt.Sprintf("process %d", p.Process.Pid)) {
+			t.Errorf("NoCmdlines %v: the process is not named: %q", hide, got)
+		}
+		if shown := strings.Contains(got, "301.5"); shown == hide {
+			t.Errorf("NoCmdlines %v: command line shown %v: %q", hide, shown, got)
 		}
 	}
 }

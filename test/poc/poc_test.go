@@ -63,9 +63,9 @@ func runPOC(t *testing.T, e *harness.Env, report string, args ...string) (string
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
 	argv := append([]string{"--config", e.Config, "poc", "--users", cluster.TestUser + "," + SecondUser,
-		"--image", e.Image, "--gres", "gpu:standin:2", "--report", report}, args...)
+		"--image", e.Image, "--gres", "gpu:standin:2", "--report", report, "--tmp-ignore", os.Getenv("SMV_RESIDUE_TMP_IGNORE")}, args...)
 	cmd := exec.CommandContext(ctx, e.Launcher, argv...)
-	cmd.Env = append(e.C.Env(), "SMV_RESIDUE_TMP_IGNORE="+os.Getenv("SMV_RESIDUE_TMP_IGNORE"))
+	cmd.Env = e.C.Env()
 	// Streamed as it runs (a whole poc takes minutes) and kept.
 	var buf bytes.Buffer
 	cmd.Stdout = io.MultiWriter(&buf, os.Stderr)
