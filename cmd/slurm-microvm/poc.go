@@ -50,9 +50,15 @@ func pocCommand() *cli.Command {
 				}
 				return nil
 			}
+			if c.Args().Present() {
+				return cli.Exit(fmt.Sprintf("poc: unexpected argument %q: every input is a flag (see --help)", c.Args().First()), 2)
+			}
 			cfg, err := loadConfig(c, true)
 			if err != nil {
 				return err
+			}
+			if err := report.CheckDir(c.String("report")); err != nil {
+				return cli.Exit("--report: "+err.Error(), 2)
 			}
 			users := strings.Split(c.String("users"), ",")
 			if len(users) != 2 {

@@ -344,3 +344,44 @@ func TestReadRegular(t *testing.T) {
 		t.Errorf("limited read = %q, %v", b, err)
 	}
 }
+
+// TestRunRefusesBadOptions: what an admin types is checked before any job
+// runs, each error naming the input and the rule.
+func TestRunRefusesBadOptions(t *testing.T) {
+	cfg := &config.Config{}
+	for _, tc := range []struct {
+		name string
+		o    Options
+		want string
+	}{
+		{"no image", Options{Config: cfg, Users: [2]string{"a", "b"}}, "--image"},
+		{"one account twice", Options{Config: cfg, Image: "x", Users: [2]string{"a", "a"}}, "two distinct"},
+		{"empty check entry", Options{Config: cfg, Image: "x", Users: [2]string{"a", "b"}, Only: []string{"isolation", ""}}, "empty entry"},
+		{"unknown check", Options{Config: cfg, Image: "x", Users: [2]string{"a", "b"}, Only: []string{"nosuch"}}, `"nosuch"`},
+		{"root as a tenant", Options{Config: cfg, Image: "x", Users: [2]string{"root", "daemon"}}, "root"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if os.Geteuid() != 0 {
+				tc.want = "as root"
+			}
+			_, err := Run(t.Context(), tc.o)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Run: %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestOnThisHost(t *testing.T) {
+	h, _ := os.Hostname()
+	short, _, _ := strings.Cut(h, ".")
+	if err := onThisHost(NodeInfo{Name: "n9", Hostname: short}); err != nil {
+		t.Errorf("NodeHostname %s: %v", short, err)
+	}
+	if err := onThisHost(NodeInfo{Name: "n9", Addr: "127.0.0.1"}); err != nil {
+		t.Errorf("NodeAddr 127.0.0.1: %v", err)
+	}
+	if err := onThisHost(NodeInfo{Name: "elsewhere-x", Hostname: "elsewhere-x", Addr: "192.0.2.77"}); err == nil || !strings.Contains(err.Error(), "192.0.2.77") {
+		t.Errorf("another node: %v", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -133,6 +134,9 @@ func Run(ctx context.Context, o Options) (*report.Report, error) {
 		return nil, fmt.Errorf("--users %s,%s: two distinct unprivileged test accounts are needed", o.Users[0], o.Users[1])
 	}
 	for _, p := range o.Only {
+		if p == "" {
+			return nil, fmt.Errorf("--checks: an empty entry would select every check; give check id prefixes, comma separated, e.g. isolation,fault.vmm")
+		}
 		if !slices.ContainsFunc(CheckIDs(), func(id string) bool { return strings.HasPrefix(id, p) }) {
 			return nil, fmt.Errorf("--checks %q: no check id starts with it (ids: %s)", p, strings.Join(CheckIDs(), ", "))
 		}
@@ -148,6 +152,14 @@ func Run(ctx context.Context, o Options) (*report.Report, error) {
 		}
 		r.tenants[i] = t
 	}
+	if a, b := r.tenants[0], r.tenants[1]; a.UID == b.UID || a.Home == b.Home {
+		return nil, fmt.Errorf("--users %s,%s: the two accounts share a uid (%d, %d) or a home (%s, %s); the poc needs two tenants", a.Name, b.Name, a.UID, b.UID, a.Home, b.Home)
+	}
+	if o.GRES != "" {
+		if _, _, err := gpuRequest(o.GRES); err != nil {
+			return nil, err
+		}
+	}
 	if o.Node == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -161,6 +173,9 @@ func Run(ctx context.Context, o Options) (*report.Report, error) {
 		return nil, fmt.Errorf("--node %s: %w", o.Node, err)
 	}
 	r.node = node
+	if err := onThisHost(node); err != nil {
+		return nil, fmt.Errorf("--node %s: %w: the poc inspects the node its jobs run on, so it runs there", o.Node, err)
+	}
 	if st, err := r.slurm.NodeState(ctx, o.Node); err != nil || Drained(st) {
 		return nil, fmt.Errorf("--node %s: state %q (%v): the poc needs a node in service", o.Node, st, err)
 	}
@@ -221,6 +236,26 @@ func (r *run) selected(id string) bool {
 		return true
 	}
 	return slices.ContainsFunc(r.o.Only, func(p string) bool { return strings.HasPrefix(id, p) })
+}
+
+// onThisHost checks that node is this machine: its NodeHostname (or
+// name) is this host's short name, or its NodeAddr is one of this host's
+// addresses.
+func onThisHost(n NodeInfo) error {
+	h, _ := os.Hostname()
+	short, _, _ := strings.Cut(h, ".")
+	for _, name := range []string{n.Hostname, n.Name} {
+		if name != "" && (name == h || name == short) {
+			return nil
+		}
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.String() == n.Addr {
+			return nil
+		}
+	}
+	return fmt.Errorf("it is not this host (%s): NodeHostname %q, NodeAddr %q", h, n.Hostname, n.Addr)
 }
 
 // parseSeconds reads "60 sec" / "60" (scontrol show config) as seconds.

@@ -282,13 +282,15 @@ func (s *Slurm) ConfigValue(ctx context.Context, key string) (string, error) {
 
 // NodeInfo is what the poc needs of its node (`scontrol show node -o`).
 type NodeInfo struct {
-	Name   string
-	CPUs   int
-	MemMiB int    // RealMemory
-	Gres   string // e.g. "gpu:fake:2,gpu:standin:2"
+	Name     string
+	Hostname string // NodeHostname
+	Addr     string // NodeAddr
+	CPUs     int
+	MemMiB   int    // RealMemory
+	Gres     string // e.g. "gpu:fake:2,gpu:standin:2"
 }
 
-var nodeField = regexp.MustCompile(`(?:^|\s)(NodeName|CPUTot|RealMemory|Gres)=(\S*)`)
+var nodeField = regexp.MustCompile(`(?:^|\s)(NodeName|NodeHostName|NodeAddr|CPUTot|RealMemory|Gres)=(\S*)`)
 
 // Node reads node name's record.
 func (s *Slurm) Node(ctx context.Context, name string) (NodeInfo, error) {
@@ -301,6 +303,10 @@ func (s *Slurm) Node(ctx context.Context, name string) (NodeInfo, error) {
 		switch m[1] {
 		case "NodeName":
 			n.Name = m[2]
+		case "NodeHostName":
+			n.Hostname = m[2]
+		case "NodeAddr":
+			n.Addr = m[2]
 		case "CPUTot":
 			n.CPUs, _ = strconv.Atoi(m[2])
 		case "RealMemory":

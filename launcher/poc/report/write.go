@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // File names in the report directory.
@@ -105,6 +106,27 @@ func syncDir(dir string) error {
 	defer d.Close()
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("sync the poc report directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// CheckDir makes dir (0755) unless it exists and checks that it can hold
+// the report safely: a directory (not a symlink) owned by the caller, so
+// that Write's files land where the caller asked. Errors name dir and
+// the rule.
+func CheckDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory (a symlink is not followed)", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s is owned by uid %d, not by the caller (uid %d): another user could replace the report", dir, st.Uid, os.Geteuid())
 	}
 	return nil
 }

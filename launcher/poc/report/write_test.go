@@ -140,3 +140,34 @@ func dirNames(t *testing.T, dir string) []string {
 	}
 	return names
 }
+
+func TestCheckDir(t *testing.T) {
+	base := t.TempDir()
+	if err := CheckDir(filepath.Join(base, "new", "report")); err != nil {
+		t.Errorf("a new directory: %v", err)
+	}
+	if err := os.Symlink(base, filepath.Join(base, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckDir(filepath.Join(base, "link")); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Errorf("a symlink: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(base, "file"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckDir(filepath.Join(base, "file")); err == nil {
+		t.Error("a file was accepted")
+	}
+	if os.Geteuid() == 0 {
+		other := filepath.Join(base, "other")
+		if err := os.Mkdir(other, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(other, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if err := CheckDir(other); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+			t.Errorf("another user's directory: %v", err)
+		}
+	}
+}
