@@ -13,12 +13,16 @@ import (
 // the VMM's trampoline (Trampoline): `slurm-microvm __vmm-exec QEMU ARGS...`.
 const TrampolineArg = "__vmm-exec"
 
-// vmmBlocked are the signals the VMM never receives: those Slurm sends to
-// every process of a step (proctrack's container signal: scancel, the
-// time limit, srun's forwarded Ctrl-C) that QEMU would end on. They are
-// the workload's, and the task forwards them into the guest; SIGKILL (at
-// KillWait, or from stop) still ends the VMM.
-var vmmBlocked = []unix.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR2}
+// vmmBlocked are the signals the VMM never receives: every signal whose
+// default action ends a process and that Slurm may send to every process
+// of a step (proctrack's container signal: scancel [-s SIG], the time
+// limit, --signal, srun's forwarded Ctrl-C). They are the workload's, and
+// the task forwards them into the guest. Not blocked: SIGKILL (KillWait,
+// stop), SIGUSR1 (QEMU's own vCPU kick), the synchronous faults (SEGV,
+// BUS, FPE, ILL, SYS, TRAP: a blocked one kills anyway, and debuggers
+// need TRAP) and SIGPIPE (QEMU ignores it). abort(3) unblocks ABRT itself.
+var vmmBlocked = []unix.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR2,
+	unix.SIGALRM, unix.SIGPWR, unix.SIGVTALRM, unix.SIGPROF, unix.SIGXCPU, unix.SIGXFSZ, unix.SIGSTKFLT, unix.SIGABRT}
 
 // Trampoline blocks vmmBlocked in the calling thread and execs argv
 // (argv[0] an absolute path) in place of the process, so that the VMM

@@ -22,7 +22,7 @@ func init() {
 // workload to handle them; without it the same program dies of them.
 func TestTrampoline(t *testing.T) {
 	sh := "/bin/sh"
-	script := `kill -TERM $$; kill -INT $$; kill -HUP $$; echo survived`
+	script := `for s in TERM INT HUP QUIT USR2 ALRM PWR VTALRM PROF XCPU XFSZ; do kill -$s $$; done; echo survived`
 	out, err := exec.Command(os.Args[0], TrampolineArg, sh, "-c", script).CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "survived" {
 		t.Errorf("through the trampoline: %v, output %q; want it to survive", err, out)
