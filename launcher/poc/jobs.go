@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -328,6 +329,9 @@ func (v *verdict) done() {
 	v.c.Verdict = report.Pass
 }
 
+// stopPhase is the supervisor's line for a step's stop (its duration).
+var stopPhase = regexp.MustCompile(`msg=phase (?:step=\S+ )?phase=stop ms=(\d+)`)
+
 // judgeCleanup is the "nothing left, node in service" verdict after a
 // step: left is what the residue snapshot found after teardown, took how
 // long teardown took, state the node's sinfo state.
@@ -345,12 +349,22 @@ func judgeCleanup(left []string, took, unkillable time.Duration, nodeState strin
 }
 
 // cleanupAfter waits (up to UnkillableStepTimeout, at least 30 s) until
-// nothing of the steps since snap is left, records the teardown time
-// from end, and checks the node is in service.
+// nothing of the steps since snap is left, records the teardown time,
+// and checks the node is in service. The teardown time is the longest of
+// the launcher's own stop phase (phase=stop in the admin's log of the
+// check's jobs: end the guest, kill the VMM, release, remove the state)
+// and what was still left once Slurm said the job ended (end to clean).
 func (r *run) cleanupAfter(ctx context.Context, v *verdict, snap *residue.Snapshot, end time.Time) {
 	limit := max(r.unkill, 30*time.Second)
 	left := snap.WaitClean(ctx, limit)
 	took := time.Since(end)
+	for _, id := range v.c.Jobs {
+		for _, m := range stopPhase.FindAllStringSubmatch(r.adminLog(id), -1) {
+			if ms, _ := strconv.Atoi(m[1]); time.Duration(ms)*time.Millisecond > took {
+				took = time.Duration(ms) * time.Millisecond
+			}
+		}
+	}
 	if len(left) == 0 {
 		v.c.TeardownMS = max(took.Milliseconds(), 1)
 	}
