@@ -345,8 +345,8 @@ func writeFault(job int, st fault.Stage) error {
 }
 
 func (r *run) startFault(ctx context.Context, c *report.Check, st fault.Stage) {
-	if !fault.Enabled {
-		c.Verdict, c.Reason = report.Skip, "this launcher is not an smv_faults build (fault injection exists only in test builds)"
+	if !r.faultsOn {
+		c.Verdict, c.Reason = report.Skip, "the jobs' launcher is not an smv_faults build (fault injection exists only in test builds)"
 		return
 	}
 	var id int

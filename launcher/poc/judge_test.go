@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
+	"github.com/slurm-microvm/slurm-microvm/launcher/fault"
 	"github.com/slurm-microvm/slurm-microvm/launcher/poc/report"
 )
 
@@ -383,5 +384,36 @@ func TestOnThisHost(t *testing.T) {
 	}
 	if err := onThisHost(NodeInfo{Name: "elsewhere-x", Hostname: "elsewhere-x", Addr: "192.0.2.77"}); err == nil || !strings.Contains(err.Error(), "192.0.2.77") {
 		t.Errorf("another node: %v", err)
+	}
+}
+
+func TestPluginLauncher(t *testing.T) {
+	dir := t.TempDir()
+	inc := filepath.Join(dir, "plugstack.conf.d")
+	if err := os.Mkdir(inc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range map[string]string{
+		"plugstack.conf":          "# site\noptional /usr/lib/slurm/other.so\ninclude " + inc + "/*.conf\n",
+		"plugstack.conf.d/a.conf": "required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_microvm.so config=/etc/slurm/microvm.toml launcher=/opt/smv/bin/slurm-microvm # ours\n",
+		"default.conf":            "required spank_microvm.so\n",
+		"none.conf":               "optional /usr/lib/slurm/other.so\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for conf, want := range map[string]string{"plugstack.conf": "/opt/smv/bin/slurm-microvm", "default.conf": DefaultLauncher, "none.conf": "", "absent.conf": ""} {
+		if got := launcherIn(filepath.Join(dir, conf), 0); got != want {
+			t.Errorf("%s: launcher %q, want %q", conf, got, want)
+		}
+	}
+	// This test binary has no smv_faults tag unless built with it.
+	exe, _ := os.Executable()
+	if faults, known := hasFaults(exe); !known || faults != fault.Enabled {
+		t.Errorf("hasFaults(test binary) = %v, %v; want %v, true", faults, known, fault.Enabled)
+	}
+	if _, known := hasFaults("/bin/sh"); known {
+		t.Error("a non-Go binary's build information was read")
 	}
 }

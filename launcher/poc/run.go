@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
-	"github.com/slurm-microvm/slurm-microvm/launcher/fault"
 	"github.com/slurm-microvm/slurm-microvm/launcher/poc/report"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/residue"
@@ -73,7 +72,11 @@ type run struct {
 	rep     *report.Report
 	log     *slog.Logger
 	node    NodeInfo
-	markers map[string]tenantData
+	// jobLauncher is the launcher the plugin runs; faultsOn whether it
+	// is an smv_faults build.
+	jobLauncher string
+	faultsOn    bool
+	markers     map[string]tenantData
 
 	mu     sync.Mutex
 	jobs   []int           // every job submitted, for cleanup
@@ -187,8 +190,20 @@ func Run(ctx context.Context, o Options) (*report.Report, error) {
 		Node: o.Node, Users: o.Users[:], Image: o.Image, Driver: o.Config.Driver,
 		Accel: qemu.ResolveAccel(o.Config.QEMU.Accel), UnkillableStepTimeoutS: int(r.unkill / time.Second),
 	}
-	if !fault.Enabled {
-		r.rep.Notes = append(r.rep.Notes, "this launcher is not an smv_faults build: the start-stage fault checks skip (a production binary cannot inject faults)")
+	// The launcher the jobs run is the plugin's (plugstack.conf), which
+	// need not be this binary: its processes are watched, its build
+	// decides whether faults can be injected.
+	if l := r.pluginLauncher(ctx); l != "" && l != r.o.Launcher {
+		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("the jobs' launcher is %s (plugstack.conf), not this poc's binary %s", l, r.o.Launcher))
+		r.jobLauncher = l
+	} else {
+		r.jobLauncher = r.o.Launcher
+	}
+	r.faultsOn, _ = hasFaults(r.jobLauncher)
+	if r.faultsOn {
+		r.rep.Notes = append(r.rep.Notes, "WARNING: the jobs' launcher "+r.jobLauncher+" is a test build with fault injection (smv_faults): never deploy it")
+	} else {
+		r.rep.Notes = append(r.rep.Notes, "the jobs' launcher is not an smv_faults build: the start-stage fault checks skip (a production binary cannot inject faults)")
 	}
 	r.scope = r.residueScope()
 	if len(o.TmpIgnore) > 0 {
@@ -290,7 +305,7 @@ func (r *run) residueScope() residue.Scope {
 		TmpIgnore:  r.o.TmpIgnore,
 		NoCmdlines: true,
 		CacheDir:   c.CacheDir,
-		Programs:   []string{filepath.Base(c.QEMU.Binary), "virtiofsd", r.o.Launcher},
+		Programs:   []string{filepath.Base(c.QEMU.Binary), "virtiofsd", r.o.Launcher, r.jobLauncher},
 	}
 }
 
