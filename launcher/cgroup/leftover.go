@@ -14,8 +14,9 @@ import (
 // RemoveJobDirs removes the empty cgroup directories of job that Slurm
 // left under root (normally /sys/fs/cgroup): ".../job_<job>" and its
 // step_* children, in every v1 hierarchy and on the unified one, at most
-// six levels down (Slurm's layout: [hierarchy/]<prefix>/uid_<uid>/job_<id>,
-// cgroup.conf(5)). A slurmstepd that is killed never removes its job's
+// six levels down, in Slurm's layout only (cgroup.conf(5):
+// [hierarchy/]<prefix>/uid_<uid>/job_<id> on v1,
+// .../slurmstepd.scope/job_<id> on v2). A slurmstepd that is killed never removes its job's
 // directories, and Slurm does not come back to them. Only directories
 // without processes go: rmdir(2) refuses a cgroup that has tasks or
 // children (EBUSY), and such a directory is left alone, not an error. It
@@ -37,7 +38,10 @@ func RemoveJobDirs(root string, job uint32) ([]string, error) {
 		if !d.IsDir() {
 			return nil
 		}
-		if d.Name() == name {
+		// Slurm's layout only (cgroup.conf(5)): .../uid_<uid>/job_<id>
+		// on v1, .../slurmstepd.scope/job_<id> on v2; a job_<id> elsewhere
+		// (a user's delegated subtree) is not Slurm's.
+		if d.Name() == name && (strings.HasPrefix(filepath.Base(filepath.Dir(p)), "uid_") || filepath.Base(filepath.Dir(p)) == "slurmstepd.scope") {
 			_ = filepath.WalkDir(p, func(q string, e fs.DirEntry, err error) error {
 				if err == nil && e.IsDir() {
 					dirs = append(dirs, q)

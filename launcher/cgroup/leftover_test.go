@@ -30,6 +30,7 @@ func TestRemoveJobDirs(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := mk("cpuset/slurm_n1/uid_1001/job_50")
+	delegated := mk("user.slice/user-1001.slice/user@1001.service/job_5")
 	v2 := mk("system.slice/slurmstepd.scope/job_5/step_0/user/task_0")
 	gone = append(gone, v2, filepath.Dir(v2), filepath.Dir(filepath.Dir(v2)), filepath.Dir(filepath.Dir(filepath.Dir(v2))))
 
@@ -45,7 +46,7 @@ func TestRemoveJobDirs(t *testing.T) {
 			t.Errorf("%s not in the removed list %v", d, removed)
 		}
 	}
-	for _, d := range []string{busy, filepath.Dir(busy), other} {
+	for _, d := range []string{busy, filepath.Dir(busy), other, delegated} {
 		if _, err := os.Stat(d); err != nil {
 			t.Errorf("%s was removed: %v", d, err)
 		}
