@@ -161,6 +161,46 @@ func checkCPUs(ctx context.Context, r *run, c *report.Check) {
 	r.cleanupAfter(ctx, v, snap, end)
 }
 
+// gpuAnswer is the guest's line of the GPU check.
+var gpuAnswer = regexp.MustCompile(`POC-GPUS (\d+) CVD=(\S*)`)
+
+// judgeGPUs: a step that asked for n GPUs completed, and its guest has
+// exactly n GPU devices and n entries in CUDA_VISIBLE_DEVICES.
+func judgeGPUs(n int, jb Job, out string) []string {
+	if jb.State != "COMPLETED" {
+		return []string{fmt.Sprintf("%d GPUs: the step ended %s (exit %s)", n, jb.State, jb.ExitCode)}
+	}
+	got := gpuAnswer.FindStringSubmatch(out)
+	if got == nil {
+		return []string{fmt.Sprintf("%d GPUs: no answer from the guest", n)}
+	}
+	seen, _ := strconv.Atoi(got[1])
+	cvd := 0
+	if got[2] != "" {
+		cvd = len(strings.Split(got[2], ","))
+	}
+	if seen != n || cvd != n {
+		return []string{fmt.Sprintf("%d GPUs requested: the guest has %d GPU devices and CUDA_VISIBLE_DEVICES lists %d", n, seen, cvd)}
+	}
+	return nil
+}
+
+// judgeNetwork: the network step completed, listed its interfaces, and
+// reached nothing it tried (POC-REACHED lines).
+func judgeNetwork(jb Job, out, port string) []string {
+	var fails []string
+	if jb.State != "COMPLETED" || !strings.Contains(out, "POC-NET-DONE") {
+		fails = append(fails, fmt.Sprintf("the step ended %s (exit %s)", jb.State, jb.ExitCode))
+	}
+	if !strings.Contains(out, "POC-IF ") && strings.Contains(out, "POC-NET-DONE") {
+		fails = append(fails, "the guest listed no interface")
+	}
+	for _, m := range regexp.MustCompile(`POC-REACHED (\S+)`).FindAllStringSubmatch(out, -1) {
+		fails = append(fails, fmt.Sprintf("the VM reached %s:%s", m[1], port))
+	}
+	return fails
+}
+
 // gpuRequest parses a GRES request "gpu[:type]:N" (Slurm gres.conf(5)
 // Name[:Type]:Count) into its name with type and count.
 func gpuRequest(gres string) (prefix string, n int, err error) {
@@ -223,26 +263,17 @@ func checkGPUs(ctx context.Context, r *run, c *report.Check) {
 		}
 		out, _, _, _ := r.slurm.Run(ctx, nil, "", "scontrol", "show", "job", "-d", strconv.Itoa(j.id))
 		m := gresIdx.FindStringSubmatch(out)
-		got := regexp.MustCompile(`POC-GPUS (\d+) CVD=(\S*)`).FindStringSubmatch(j.output())
-		switch {
-		case jb.State != "COMPLETED":
-			v.fail("%d GPUs: the step ended %s (exit %s)", n, jb.State, jb.ExitCode)
-		case got == nil:
-			v.fail("%d GPUs: no answer from the guest", n)
-		default:
-			seen, _ := strconv.Atoi(got[1])
-			cvd := 0
-			if got[2] != "" {
-				cvd = len(strings.Split(got[2], ","))
-			}
-			if seen != n || cvd != n {
-				v.fail("%d GPUs requested: the guest has %d GPU devices and CUDA_VISIBLE_DEVICES lists %d", n, seen, cvd)
-			}
+		got := gpuAnswer.FindStringSubmatch(j.output())
+		for _, f := range judgeGPUs(n, jb, j.output()) {
+			v.fail("%s", f)
+		}
+		if got != nil {
+			seen := got[1]
 			where := ""
 			if m != nil {
 				where = " (IDX " + m[1] + ")"
 			}
-			v.note("%d GPUs requested: guest devices %d, CUDA_VISIBLE_DEVICES %q%s", n, seen, got[2], where)
+			v.note("%d GPUs requested: guest devices %s, CUDA_VISIBLE_DEVICES %q%s", n, seen, got[2], where)
 		}
 		if n == 1 {
 			if m != nil {
@@ -286,21 +317,16 @@ echo POC-NET-DONE`, addr, port)
 	for _, m := range regexp.MustCompile(`POC-IF (\S+)`).FindAllStringSubmatch(out, -1) {
 		ifs = append(ifs, m[1])
 	}
-	if jb.State != "COMPLETED" || !strings.Contains(out, "POC-NET-DONE") {
-		v.fail("the step ended %s (exit %s)", jb.State, jb.ExitCode)
-	}
-	for _, m := range regexp.MustCompile(`POC-REACHED (\S+)`).FindAllStringSubmatch(out, -1) {
-		v.fail("the VM reached %s:%s", m[1], port)
+	for _, f := range judgeNetwork(jb, out, port) {
+		v.fail("%s", f)
 	}
 	v.note("network mode %s: guest interfaces %s", r.o.Config.Network.Mode, strings.Join(ifs, ","))
 	switch {
 	case len(ifs) == 1 && ifs[0] == "lo":
 		v.note("a one-node step without services has no network device: it reaches nothing")
-	case strings.Contains(out, "POC-NO-NC"):
+	case strings.Contains(out, "POC-NO-NC") && len(ifs) > 0:
 		v.skip("the step's VM has interfaces %s but the image has no nc to try what they reach", strings.Join(ifs, ","))
 		return
-	case len(ifs) == 0:
-		v.fail("the guest listed no interface")
 	}
 	r.cleanupAfter(ctx, v, snap, end)
 }

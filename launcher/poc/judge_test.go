@@ -417,3 +417,45 @@ func TestPluginLauncher(t *testing.T) {
 		t.Error("a non-Go binary's build information was read")
 	}
 }
+
+func TestJudgeGPUs(t *testing.T) {
+	done := Job{State: "COMPLETED"}
+	for _, tc := range []struct {
+		name  string
+		n     int
+		jb    Job
+		out   string
+		fails bool
+	}{
+		{"none asked, none seen", 0, done, "POC-GPUS 0 CVD=\n", false},
+		{"two asked, two seen", 2, done, "POC-GPUS 2 CVD=0,1\n", false},
+		{"none asked, one leaked in", 0, done, "POC-GPUS 1 CVD=\n", true},
+		{"one asked, all seen (device cgroup ignored)", 1, done, "POC-GPUS 4 CVD=0\n", true},
+		{"visible devices wrong", 2, done, "POC-GPUS 2 CVD=0\n", true},
+		{"step failed", 1, Job{State: "FAILED", ExitCode: "125:0"}, "", true},
+		{"no answer", 1, done, "", true},
+	} {
+		if got := judgeGPUs(tc.n, tc.jb, tc.out); (got != nil) != tc.fails {
+			t.Errorf("%s: judgeGPUs = %q", tc.name, got)
+		}
+	}
+}
+
+func TestJudgeNetwork(t *testing.T) {
+	done := Job{State: "COMPLETED"}
+	for _, tc := range []struct {
+		name  string
+		jb    Job
+		out   string
+		fails bool
+	}{
+		{"loopback only", done, "POC-IF lo\nPOC-NET-DONE\n", false},
+		{"reached the node's slurmd", done, "POC-IF lo\nPOC-IF eth0\nPOC-REACHED 10.0.0.1\nPOC-NET-DONE\n", true},
+		{"no interface listed", done, "POC-NET-DONE\n", true},
+		{"step failed", Job{State: "FAILED"}, "", true},
+	} {
+		if got := judgeNetwork(tc.jb, tc.out, "6818"); (got != nil) != tc.fails {
+			t.Errorf("%s: judgeNetwork = %q", tc.name, got)
+		}
+	}
+}
