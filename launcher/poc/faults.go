@@ -321,7 +321,7 @@ func faultChecks() []checkDef {
 	}
 	defs = append(defs,
 		checkDef{"fault.slurmstepd-killed", "the step's slurmstepd killed with SIGKILL: the job's epilog cleans up", checkStepdKilled},
-		checkDef{"fault.requeue", "a requeued job: nothing of its first run remains while the second runs", checkRequeue},
+		checkDef{"fault.requeue", "a requeued job: its first run's state directory, supervisor and VMM are gone when the second runs", checkRequeue},
 		checkDef{"fault.checkpoint", "a job killed while it writes a checkpoint (write, fsync, rename) leaves it absent or complete, never partial", checkCheckpoint},
 	)
 	return defs

@@ -18,7 +18,7 @@ import (
 func loadChecks() []checkDef {
 	return []checkDef{
 		{"load.concurrent", "as many concurrent sandboxes as the node fits (one per CPU) run at once; VMM host memory per sandbox", checkConcurrent},
-		{"load.array", "a job array of tiny steps runs through; steps per minute and start times", checkArray},
+		{"load.array", "a job array of tiny steps runs through; steps per minute and each step's srun wall time", checkArray},
 		{"load.back-to-back", "back-to-back steps of one image: converted once, reused after", checkBackToBack},
 	}
 }
