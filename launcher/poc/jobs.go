@@ -254,11 +254,6 @@ func (r *run) wait(ctx context.Context, j *job, limit time.Duration) (Job, error
 	return r.slurm.WaitJob(ctx, j.id)
 }
 
-// stepDir is the state directory of job's step on the poc's node.
-func (r *run) stepDir(jobID, step int) string {
-	return state.Dir{Root: r.o.Config.RuntimeDir, ID: state.StepID{Job: uint32(jobID), Step: uint32(step), Node: r.o.Node}}.Path()
-}
-
 // waitReady waits until the sandbox of job's step is ready and returns
 // its state directory; it fails when the job ends first or limit passes.
 func (r *run) waitReady(ctx context.Context, j *job, step int, limit time.Duration) (string, error) {

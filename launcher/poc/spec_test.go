@@ -21,7 +21,7 @@ func TestSpecificationLinks(t *testing.T) {
 	}
 	spec := string(b)
 	ids := CheckIDs()
-	for _, m := range regexp.MustCompile("poc: ([a-z]+\\.[a-z0-9*-]+)").FindAllStringSubmatch(spec, -1) {
+	for _, m := range regexp.MustCompile(`poc: ([a-z]+\.[a-z0-9*-]+)`).FindAllStringSubmatch(spec, -1) {
 		id := m[1]
 		if strings.HasSuffix(id, "*") {
 			p := strings.TrimSuffix(id, "*")
