@@ -199,22 +199,31 @@ func TestNonUTF8(t *testing.T) {
 	}
 }
 
-func TestSignalForwarding(t *testing.T) {
-	prereq.Root(t, "the agent runs processes as the task's uid")
-	c := dial(t, startAgent(t, 65534, 65534))
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: api.Bytes([]string{"sh", "-c", "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.1; done"})})
+// startUntilReady starts `sh -c script` in the agent, relays its stdout
+// to a pipe and waits for its first line, "ready". The pipe's read end
+// is closed when t ends; the caller closes the write end.
+func startUntilReady(t *testing.T, ctx context.Context, c *agent.Client, script string) (*agent.Process, *os.File, *os.File) {
+	t.Helper()
+	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: api.Bytes([]string{"sh", "-c", script})})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pr, pw, _ := os.Pipe()
-	defer pr.Close()
+	t.Cleanup(func() { pr.Close() })
 	p.Relay(ctx, nil, pw, os.Stderr)
 	buf := make([]byte, 6)
 	if _, err := pr.Read(buf); err != nil || string(buf) != "ready\n" {
 		t.Fatalf("read ready: %q %v", buf, err)
 	}
+	return p, pr, pw
+}
+
+func TestSignalForwarding(t *testing.T) {
+	prereq.Root(t, "the agent runs processes as the task's uid")
+	c := dial(t, startAgent(t, 65534, 65534))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, pr, pw := startUntilReady(t, ctx, c, "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.1; done")
 	if err := p.Signal(ctx, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -239,17 +248,7 @@ func TestSignalReachesTheTaskGroup(t *testing.T) {
 	c := dial(t, startAgent(t, 65534, 65534))
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	p, err := c.Start(ctx, &api.CreateProcessRequest{Argv: api.Bytes([]string{"sh", "-c", "trap 'echo got-term; exit 3' TERM; echo ready; sleep 30; echo slept"})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pr, pw, _ := os.Pipe()
-	defer pr.Close()
-	p.Relay(ctx, nil, pw, os.Stderr)
-	buf := make([]byte, 6)
-	if _, err := pr.Read(buf); err != nil || string(buf) != "ready\n" {
-		t.Fatalf("read ready: %q %v", buf, err)
-	}
+	p, _, pw := startUntilReady(t, ctx, c, "trap 'echo got-term; exit 3' TERM; echo ready; sleep 30; echo slept")
 	time.Sleep(200 * time.Millisecond) // the sleep has started
 	t0 := time.Now()
 	if err := p.Signal(ctx, syscall.SIGTERM); err != nil {
