@@ -30,14 +30,14 @@ type Tenant struct {
 func LookupTenant(name, label string) (*Tenant, error) {
 	u, err := user.Lookup(name)
 	if err != nil {
-		return nil, fmt.Errorf("--users: %w", err)
+		return nil, fmt.Errorf("--users: %q is not a local account of this node (the poc runs its jobs as two existing unprivileged test accounts): %w", name, err)
 	}
 	uid, err := strconv.ParseUint(u.Uid, 10, 32)
 	if err != nil {
 		return nil, fmt.Errorf("--users: %s: uid %q: %w", name, u.Uid, err)
 	}
 	if uid == 0 {
-		return nil, fmt.Errorf("--users: %s is root: the poc runs its jobs as two unprivileged test accounts", name)
+		return nil, fmt.Errorf("--users: %s has uid 0: the poc runs its jobs as two unprivileged test accounts", name)
 	}
 	gid, err := strconv.ParseUint(u.Gid, 10, 32)
 	if err != nil {
