@@ -3,7 +3,6 @@ package launcher
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -26,37 +25,49 @@ import (
 const envImageHelper = "LAUNCHER_TEST_IMAGE_HELPER"
 
 // testBin is a copy of the test binary that any user can execute (the go
-// build cache is not searchable by others); "" until TestMain made it.
-var testBin string
+// build cache is not searchable by others), made by the first real step.
+// Not in TestMain: tests that re-execute the binary (and end it by a
+// signal) would leave a copy each.
+var (
+	testBinOnce sync.Once
+	testBinDir  string
+	testBin     string
+	testBinErr  error
+)
+
+func testBinary(t *testing.T) string {
+	t.Helper()
+	testBinOnce.Do(func() {
+		testBinDir, testBinErr = os.MkdirTemp("", "launcher-test-bin-")
+		if testBinErr != nil {
+			return
+		}
+		var exe []byte
+		exe, testBinErr = os.ReadFile(os.Args[0])
+		if testBinErr == nil {
+			testBinErr = os.Chmod(testBinDir, 0o755)
+		}
+		if testBinErr == nil {
+			testBin = filepath.Join(testBinDir, "launcher.test")
+			testBinErr = os.WriteFile(testBin, exe, 0o755)
+		}
+	})
+	if testBinErr != nil {
+		t.Fatalf("copy the test binary: %v", testBinErr)
+	}
+	return testBin
+}
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envImageHelper) == "1" {
 		os.Exit(image.RunHelper(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 	}
-	os.Exit(runTests(m))
-}
-
-func runTests(m *testing.M) int {
-	defer fixture.RemoveAgent()
-	dir, err := os.MkdirTemp("", "launcher-test-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	code := m.Run()
+	if testBinDir != "" {
+		os.RemoveAll(testBinDir)
 	}
-	defer os.RemoveAll(dir)
-	exe, err := os.ReadFile(os.Args[0])
-	if err == nil {
-		err = os.Chmod(dir, 0o755)
-	}
-	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, "launcher.test"), exe, 0o755)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "copy the test binary:", err)
-		return 1
-	}
-	testBin = filepath.Join(dir, "launcher.test")
-	return m.Run()
+	fixture.RemoveAgent()
+	os.Exit(code)
 }
 
 // syncBuffer is a bytes.Buffer safe for the supervisor's logger and the
@@ -128,7 +139,7 @@ func startRealStep(t *testing.T, memMiB uint64, tune func(*config.Config)) *real
 	}
 	logBuf := &syncBuffer{}
 	l := &Launcher{Config: &cfg, Log: slog.New(slog.NewTextHandler(logBuf, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		imageHelper: []string{testBin}, imageHelperEnv: []string{envImageHelper + "=1"}}
+		imageHelper: []string{testBinary(t)}, imageHelperEnv: []string{envImageHelper + "=1"}}
 	// A job id no cgroup of this host has: entering its cgroups is a no-op.
 	s := &Spec{ID: state.StepID{Job: 4000000000 + uint32(time.Now().UnixNano()%1000000), Step: 0},
 		UID: 65534, GID: 65534, Groups: []uint32{65534}, User: "nobody",
