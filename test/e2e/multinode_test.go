@@ -52,8 +52,14 @@ func TestE2EMultiNode(t *testing.T) {
 	e.Run(t, "guest network: addresses, hosts and peers", func(t *testing.T) {
 		// Documented scheme (launcher/network): node i of the step gets
 		// subnet base + 2 + i; /etc/hosts names every node of the step.
+		// Each task pings the other node's guest, retrying while that
+		// guest still boots (the two VMs start independently), then
+		// stays up a moment so the other's pings are answered too.
 		out, errOut, code := e.Srun(t, "", "-N2", "-l", "--microvm="+e.Image, "sh", "-c",
-			`ip -4 -o addr show dev eth0; grep -v '^#' /etc/hosts; icmpecho $(grep -w `+nodes[1]+` /etc/hosts | cut -f1) 5s >/dev/null && echo ping-ok`)
+			`ip -4 -o addr show dev eth0; grep -v '^#' /etc/hosts
+for n in `+nodes[0]+` `+nodes[1]+`; do [ "$n" != "$(hostname)" ] && peer=$(grep -w $n /etc/hosts | cut -f1); done
+for i in $(seq 60); do icmpecho $peer 1s >/dev/null 2>&1 && { echo ping-ok; break; }; done
+sleep 3`)
 		if code != 0 {
 			t.Fatalf("exit %d: %s\n%s", code, errOut, out)
 		}
@@ -68,7 +74,7 @@ func TestE2EMultiNode(t *testing.T) {
 			}
 		}
 		if strings.Count(out, "ping-ok") != 2 {
-			t.Errorf("a guest could not ping %s by name:\n%s", nodes[1], out)
+			t.Errorf("a guest could not ping the other node's guest by its name in /etc/hosts:\n%s", out)
 		}
 	})
 
