@@ -1,7 +1,6 @@
 package launcher
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
@@ -70,25 +69,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// syncBuffer is a bytes.Buffer safe for the supervisor's logger and the
-// test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // realStep is a step whose supervisor (Launcher.Start) runs in this test
 // process and boots a real microVM (TCG where the host has no KVM) of a
 // busybox image, with no host shares, MPI or network.
@@ -96,7 +76,7 @@ type realStep struct {
 	l   *Launcher
 	s   *Spec
 	d   state.Dir
-	log *syncBuffer
+	log *fixture.SyncBuffer
 	// ended is closed when Start returned, with startErr.
 	ended    chan struct{}
 	startErr error
@@ -137,7 +117,7 @@ func startRealStep(t *testing.T, memMiB uint64, tune func(*config.Config)) *real
 	if tune != nil {
 		tune(&cfg)
 	}
-	logBuf := &syncBuffer{}
+	logBuf := &fixture.SyncBuffer{}
 	l := &Launcher{Config: &cfg, Log: slog.New(slog.NewTextHandler(logBuf, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		imageHelper: []string{testBinary(t)}, imageHelperEnv: []string{envImageHelper + "=1"}}
 	// A job id no cgroup of this host has: entering its cgroups is a no-op.
@@ -179,8 +159,8 @@ func startRealStep(t *testing.T, memMiB uint64, tune func(*config.Config)) *real
 
 // exec runs argv in the step as a task would (Launcher.Exec), in the
 // background; the result comes on the returned channel.
-func (r *realStep) exec(ctx context.Context, argv ...string) (<-chan execResult, *syncBuffer, *syncBuffer) {
-	out, errOut := &syncBuffer{}, &syncBuffer{}
+func (r *realStep) exec(ctx context.Context, argv ...string) (<-chan execResult, *fixture.SyncBuffer, *fixture.SyncBuffer) {
+	out, errOut := &fixture.SyncBuffer{}, &fixture.SyncBuffer{}
 	ch := make(chan execResult, 1)
 	go func() {
 		st, err := r.l.Exec(ctx, r.d.Path(), argv, []string{"HOME=/"}, Stdio{Out: out, Err: errOut})
@@ -195,7 +175,7 @@ type execResult struct {
 }
 
 // waitOutput waits until b holds want, or fails t after timeout.
-func waitOutput(t *testing.T, b *syncBuffer, want string, timeout time.Duration) {
+func waitOutput(t *testing.T, b *fixture.SyncBuffer, want string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !strings.Contains(b.String(), want) {

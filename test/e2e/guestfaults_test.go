@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+	"github.com/slurm-microvm/slurm-microvm/test/fixture"
 	"github.com/slurm-microvm/slurm-microvm/test/harness"
 )
 
@@ -32,7 +33,7 @@ func TestE2EGuestFaults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var se syncBuffer
+		var se fixture.SyncBuffer
 		run, job := startUntilReady(t, ctx, cmd, &se)
 		vmm := vmmOf(t, job)
 		t0 := time.Now()
@@ -77,7 +78,7 @@ func TestE2EGuestFaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd.Env = append(cmd.Env, "API_TOKEN="+secret)
-		var so, se syncBuffer
+		var so, se fixture.SyncBuffer
 		cmd.Stdout, cmd.Stderr = &so, &se
 		if err := cmd.Run(); err != nil {
 			t.Fatalf("srun: %v; stderr %q", err, se.String())

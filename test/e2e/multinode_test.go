@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 	"github.com/slurm-microvm/slurm-microvm/mpi/mpitest"
 	"github.com/slurm-microvm/slurm-microvm/test/cluster"
+	"github.com/slurm-microvm/slurm-microvm/test/fixture"
 	"github.com/slurm-microvm/slurm-microvm/test/harness"
 )
 
@@ -298,7 +298,7 @@ func startStep(t *testing.T, e *harness.Env, userName, name string, args ...stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out fixture.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -446,7 +446,7 @@ func fenceTest(t *testing.T, e *harness.Env, nodes []string) {
 			<-done
 			t.Errorf("job %s did not finish its probes in 3 min", j.name)
 		}
-		out := j.cmd.Stdout.(*syncBuffer).String()
+		out := j.cmd.Stdout.(*fixture.SyncBuffer).String()
 		for _, task := range []string{"0", "1"} {
 			for _, a := range []string{"10.224.0.2", "10.224.0.3"} {
 				// Its own job's guests on both nodes answer, by TCP
@@ -478,23 +478,4 @@ func fenceTest(t *testing.T, e *harness.Env, nodes []string) {
 	for _, j := range jobs {
 		runMPIAs(t, e, j.user, img, "pmix", []string{"OMPI_MCA_btl=self,vader,tcp", "OMPI_MCA_pml=ob1", "OMPI_MCA_btl_tcp_if_include=eth0"}, "-N2", "-n2")
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the writes of a running command
-// and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
