@@ -14,6 +14,7 @@ require (
 	github.com/hashicorp/yamux v0.1.2
 	github.com/klauspost/compress v1.20.4
 	github.com/moby/sys/mountinfo v0.7.3
+	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/therootcompany/xz v1.0.1
 	github.com/u-root/u-root v0.16.0
 	github.com/urfave/cli/v2 v2.27.7
@@ -41,7 +42,7 @@ require (
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.22 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
-	github.com/sirupsen/logrus v1.9.4 // indirect
+	github.com/sirupsen/logrus v1.10.2 // indirect
 	github.com/u-root/uio v0.0.0-20240224005618-d2acac8f3701 // indirect
 	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
 	golang.org/x/sync v0.22.0 // indirect

@@ -39,6 +39,7 @@ PACKAGES=(
 	nftables                          # nft: the step network tests read the fence back (launcher/network)
 	slurmdbd mariadb-server           # test cluster's accounting mode (ACCOUNTING=1): GPU quotas
 	chromium                          # headless browser: the poc report's HTML test (launcher/poc/report)
+	containerd runc                   # containerd-shim-runc-v2 and containerd: stand in for Kata's shim (launcher/kata)
 )
 
 if [[ -r /etc/os-release ]]; then

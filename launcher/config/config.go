@@ -33,10 +33,15 @@ type Config struct {
 	RuntimeDir string `toml:"runtime_dir"`
 	// CacheDir holds converted images (per user) and guest assets.
 	CacheDir string `toml:"cache_dir"`
-	// Driver is the runtime driver: "qemu" (built in).
-	Driver string `toml:"driver"`
+	// Driver is the runtime driver (launcher/runtime): "qemu" (built in)
+	// or "kata" (Kata Containers through the containerd shim API). The
+	// file's key is runtime; driver, its older name, is still read.
+	Driver string `toml:"runtime"`
+	// LegacyDriver is the file's driver key (the older name of runtime).
+	LegacyDriver string `toml:"driver"`
 
 	QEMU      QEMU      `toml:"qemu"`
+	Kata      Kata      `toml:"kata"`
 	Resources Resources `toml:"resources"`
 	Timeouts  Timeouts  `toml:"timeouts"`
 	GPU       GPU       `toml:"gpu"`
@@ -144,6 +149,31 @@ type QEMU struct {
 	Seccomp *bool `toml:"seccomp"`
 }
 
+// Kata is [kata]: the Kata Containers driver (launcher/kata), used with
+// runtime = "kata".
+type Kata struct {
+	// Mode is how the driver reaches Kata: "shim" (default: it starts
+	// Shim for the step and speaks the shim's task API, no node daemon) or
+	// "containerd" (through the containerd daemon at ContainerdAddress,
+	// with the runtime handler RuntimeHandler).
+	Mode string `toml:"mode"`
+	// Shim is the containerd-shim-kata-v2 binary (PATH lookup when
+	// relative).
+	Shim string `toml:"shim"`
+	// Configuration is Kata's configuration.toml the sandbox runs with
+	// (passed to the shim as KATA_CONF_FILE, read by config check); ""
+	// uses Kata's own search path (/etc/kata-containers, then
+	// /usr/share/defaults/kata-containers).
+	Configuration string `toml:"configuration"`
+	// ContainerdAddress is containerd's socket (mode "containerd").
+	ContainerdAddress string `toml:"containerd_address"`
+	// RuntimeHandler is the runtime name containerd starts the sandbox
+	// with (mode "containerd").
+	RuntimeHandler string `toml:"runtime_handler"`
+	// Namespace is the containerd namespace of the steps' sandboxes.
+	Namespace string `toml:"namespace"`
+}
+
 // Resources size the guest.
 type Resources struct {
 	// VMMOverheadMiB is subtracted from the step's memory allocation
@@ -219,6 +249,13 @@ func Defaults() Config {
 		RuntimeDir: "/run/slurm-microvm",
 		CacheDir:   "/var/cache/slurm-microvm",
 		Driver:     "qemu",
+		Kata: Kata{
+			Mode:              "shim",
+			Shim:              "containerd-shim-kata-v2",
+			ContainerdAddress: "/run/containerd/containerd.sock",
+			RuntimeHandler:    "io.containerd.kata.v2",
+			Namespace:         "slurm-microvm",
+		},
 		QEMU: QEMU{
 			Binary:  "qemu-system-x86_64",
 			Accel:   "auto",
@@ -299,12 +336,30 @@ func Parse(path string, data []byte) (*Config, error) {
 		errs = append(errs, &Error{Path: path, Line: lineOf(data, k), Key: k.String(),
 			Msg: "unknown key (see etc/microvm.toml for the keys this version knows)"})
 	}
+	if md.IsDefined("driver") {
+		// The older name of runtime.
+		switch {
+		case md.IsDefined("runtime") && c.Driver != c.LegacyDriver:
+			errs = append(errs, &Error{Path: path, Line: lineOf(data, toml.Key{"driver"}), Key: "driver",
+				Msg: fmt.Sprintf("%q contradicts runtime = %q (driver is the older name of runtime: keep one)", c.LegacyDriver, c.Driver)})
+		default:
+			c.Driver = c.LegacyDriver
+		}
+	}
 	errs = append(errs, c.validate(path, data)...)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	return &c, nil
 }
+
+// validNamespace is containerd's namespace rule (pkg/identifiers): 1-76
+// characters of [A-Za-z0-9._-], starting and ending alphanumeric.
+func validNamespace(s string) bool {
+	return namespaceRE.MatchString(s) && len(s) <= 76
+}
+
+var namespaceRE = regexp.MustCompile(`^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$`)
 
 func (c *Config) validate(path string, data []byte) []error {
 	var errs []error
@@ -316,8 +371,28 @@ func (c *Config) validate(path string, data []byte) []error {
 			bad(key, "%q must be an absolute path", v)
 		}
 	}
-	if c.Driver != "qemu" {
-		bad("driver", "%q is not a runtime driver (known: qemu)", c.Driver)
+	if c.Driver != "qemu" && c.Driver != "kata" {
+		bad("runtime", "%q is not a runtime driver (known: qemu, kata)", c.Driver)
+	}
+	switch c.Kata.Mode {
+	case "shim", "containerd":
+	default:
+		bad("kata.mode", "%q must be one of shim, containerd", c.Kata.Mode)
+	}
+	if c.Kata.Shim == "" {
+		bad("kata.shim", "must not be empty")
+	}
+	if c.Kata.Configuration != "" && !strings.HasPrefix(c.Kata.Configuration, "/") {
+		bad("kata.configuration", "%q must be an absolute path", c.Kata.Configuration)
+	}
+	if c.Kata.Mode == "containerd" && !strings.HasPrefix(c.Kata.ContainerdAddress, "/") {
+		bad("kata.containerd_address", "%q must be an absolute path", c.Kata.ContainerdAddress)
+	}
+	if c.Kata.RuntimeHandler == "" {
+		bad("kata.runtime_handler", "must not be empty")
+	}
+	if !validNamespace(c.Kata.Namespace) {
+		bad("kata.namespace", "%q must be 1-76 letters, digits, '.', '_' or '-', starting with a letter or digit (containerd namespaces)", c.Kata.Namespace)
 	}
 	switch c.QEMU.Accel {
 	case "auto", "kvm", "tcg":

@@ -87,6 +87,25 @@ func TestParse(t *testing.T) {
 			wantErr: []string{"timeouts.agent_ping: 3s is not below timeouts.agent_hang (3s)"}},
 		{name: "agent_hang zero", in: "[timeouts]\nagent_hang = \"0s\"\n", wantErr: []string{"microvm.toml:2: timeouts.agent_hang: 0s must be positive"}},
 		{name: "agent_ping negative", in: "[timeouts]\nagent_ping = \"-1s\"\n", wantErr: []string{"microvm.toml:2: timeouts.agent_ping: -1s must be positive"}},
+		{name: "runtime kata", in: "runtime = \"kata\"\n", check: func(c *Config) error {
+			if c.Driver != "kata" || c.Kata.Mode != "shim" || c.Kata.Namespace != "slurm-microvm" || c.Kata.RuntimeHandler != "io.containerd.kata.v2" {
+				return fmt.Errorf("runtime %q kata %+v", c.Driver, c.Kata)
+			}
+			return nil
+		}},
+		{name: "driver is the older name of runtime", in: "driver = \"kata\"\n", check: func(c *Config) error {
+			if c.Driver != "kata" {
+				return fmt.Errorf("runtime %q, want kata", c.Driver)
+			}
+			return nil
+		}},
+		{name: "driver contradicts runtime", in: "runtime = \"kata\"\ndriver = \"qemu\"\n",
+			wantErr: []string{"microvm.toml:2: driver: \"qemu\" contradicts runtime = \"kata\""}},
+		{name: "unknown runtime", in: "runtime = \"firecracker\"\n", wantErr: []string{"microvm.toml:1: runtime: \"firecracker\" is not a runtime driver (known: qemu, kata)"}},
+		{name: "bad kata mode and namespace", in: "[kata]\nmode = \"cri\"\nnamespace = \"a/b\"\n",
+			wantErr: []string{"microvm.toml:2: kata.mode: \"cri\" must be one of shim, containerd", "microvm.toml:3: kata.namespace: \"a/b\""}},
+		{name: "kata containerd needs an absolute socket", in: "[kata]\nmode = \"containerd\"\ncontainerd_address = \"containerd.sock\"\n",
+			wantErr: []string{"kata.containerd_address: \"containerd.sock\" must be an absolute path"}},
 		{name: "memory below minimum", in: "[resources]\ndefault_memory_mib = 100\n", wantErr: []string{"default_memory_mib: 100 MiB is below min_memory_mib"}},
 	}
 	for _, tt := range tests {
