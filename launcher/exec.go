@@ -17,9 +17,9 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver/control"
 	"github.com/slurm-microvm/slurm-microvm/launcher/fault"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
-	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
@@ -176,14 +176,10 @@ func execIn(ctx context.Context, c driver.Client, spec driver.ProcessSpec, io St
 	return st, err
 }
 
-// attach connects to the running sandbox of stateDir through the
-// configured runtime driver.
+// attach connects to the running sandbox of stateDir through its control
+// socket, the same for every runtime driver (launcher/driver/control).
 func (l *Launcher) attach(ctx context.Context, stateDir string) (driver.Client, error) {
-	switch l.Config.Driver {
-	case "qemu":
-		return qemu.Attach(ctx, stateDir)
-	}
-	return nil, fmt.Errorf("runtime driver %q is not built in", l.Config.Driver)
+	return control.Attach(ctx, stateDir)
 }
 
 // Exec is the exec entry of one task: wait for the sandbox of stateDir, run
@@ -285,7 +281,7 @@ func (e *stepFailedError) Unwrap() error { return e.err }
 // the step's error file (a hung guest: AgentHungError); other errors, and
 // a stop of a step that did not fail, are returned as they are.
 func supervisorReason(stateDir string, err error) error {
-	var ve *qemu.VMMExitedError
+	var ve *control.VMMExitedError
 	if !errors.As(err, &ve) || !ve.Stopped {
 		return err
 	}

@@ -25,7 +25,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 	"github.com/slurm-microvm/slurm-microvm/launcher/network"
-	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/runtime"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
@@ -34,7 +34,7 @@ type Launcher struct {
 	Config *config.Config
 	Log    *slog.Logger
 	// Trampoline is the launcher binary, through which the VMM is
-	// started (qemu.Options.Trampoline); "" starts it directly.
+	// started (launcher/runtime Options.Trampoline); "" starts it directly.
 	Trampoline string
 
 	// afterStopMark, when set (tests), runs in Stop right after the step
@@ -362,22 +362,23 @@ func (l *Launcher) resolveMounts(ctx context.Context, s *Spec, log *slog.Logger)
 const gpuPlanFile = "gpus.json"
 
 // planGPUs maps the step's GPUs (SLURM_STEP_GPUS) to VFIO devices, binds
-// them if allowed, and returns the PCI machine arguments; nil without GPUs.
+// them if allowed, and returns them as the sandbox gets them with the
+// 64-bit PCI hole they need (bytes); none without GPUs.
 // It runs before anything boots, so a GPU that cannot be passed fails the
 // step with one line naming the device.
 //
 // It also returns the number of GPUs the guest gets.
-func (l *Launcher) planGPUs(ctx context.Context, s *Spec, d state.Dir, memMiB uint64, cpus int, log *slog.Logger) ([]string, int, error) {
+func (l *Launcher) planGPUs(ctx context.Context, s *Spec, d state.Dir, memMiB uint64, log *slog.Logger) ([]driver.PCIDevice, uint64, int, error) {
 	if s.GPUs == "" {
-		return nil, 0, nil
+		return nil, 0, 0, nil
 	}
 	c := l.Config
 	if err := checkAllocated(s.GPUs, c.GPU.GresConf); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	if n, ok := standinGPUs(s.GPUs, c.GPU.GresConf); ok {
 		log.Warn("stand-in GPUs: no VFIO passthrough (test build)", "gpus", s.GPUs)
-		return nil, n, nil
+		return nil, 0, n, nil
 	}
 	plan, err := gpu.NewPlan(ctx, gpu.Request{
 		StepGPUs: s.GPUs, GresConf: c.GPU.GresConf, NVML: gpunvml.New(),
@@ -385,30 +386,20 @@ func (l *Launcher) planGPUs(ctx context.Context, s *Spec, d state.Dir, memMiB ui
 		NVSwitch: c.GPU.NVSwitch,
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+		return nil, 0, 0, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
 	}
 	b, err := json.Marshal(plan)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	if err := state.WriteFileAtomic(d.File(gpuPlanFile), b, 0o644); err != nil {
-		return nil, 0, fmt.Errorf("record GPU plan: %w", err)
+		return nil, 0, 0, fmt.Errorf("record GPU plan: %w", err)
 	}
 	log.Info("GPU mapping", "mapping", plan.Mapping(), "notes", plan.Notes)
 	if err := plan.Bind(ctx); err != nil {
-		return nil, 0, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
+		return nil, 0, 0, fmt.Errorf("GPUs %s: %w", s.GPUs, err)
 	}
-	args, err := plan.QEMUArgs(gpu.Memory{MiB: memMiB, PreallocThreads: cpus})
-	if err != nil {
-		return nil, 0, err
-	}
-	// VFIO pins all guest memory; QEMU, run as the job's user, has no
-	// root exemption.
-	lim := (memMiB + 1024) << 20
-	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: lim, Max: lim}); err != nil {
-		return nil, 0, fmt.Errorf("raise RLIMIT_MEMLOCK to %d MiB for VFIO: %w", lim>>20, err)
-	}
-	return args, len(plan.GPUs), nil
+	return plan.Devices(), plan.Hole64(), len(plan.GPUs), nil
 }
 
 // gpuDriverFile records the step's GPU driver set (JSON) for inspection.
@@ -545,19 +536,9 @@ func checkAllocated(stepGPUs, gresConf string) error {
 	return unconstrained
 }
 
-// vfioGroupFiles are the /dev/vfio/<group> files the VMM of plan opens.
-func vfioGroupFiles(plan *gpu.Plan) []string {
-	var out []string
-	for _, g := range plan.GPUs {
-		if g.VFIOGroupFile != "" {
-			out = append(out, g.VFIOGroupFile)
-		}
-	}
-	return out
-}
-
 // releaseGPUs gives the step's GPUs back (their drivers as before) once the
-// VMM is gone; an error names the device that is not free.
+// sandbox is gone (its driver's Cleanup gave the VFIO group files back to
+// root); an error names the device that is not free.
 func releaseGPUs(ctx context.Context, d state.Dir) error {
 	b, err := os.ReadFile(d.File(gpuPlanFile))
 	if errors.Is(err, os.ErrNotExist) {
@@ -570,10 +551,6 @@ func releaseGPUs(ctx context.Context, d state.Dir) error {
 	if err := json.Unmarshal(b, &plan); err != nil {
 		return fmt.Errorf("read GPU plan: %w", err)
 	}
-	// The VMM had the group files as the job's uid: root's again first.
-	if err := qemu.ReleaseDevices(vfioGroupFiles(&plan)); err != nil {
-		return err
-	}
 	return plan.Release(ctx)
 }
 
@@ -585,12 +562,21 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err != nil {
 		return nil, nil, err
 	}
-	accel := qemu.ResolveAccel(c.QEMU.Accel)
+	drv, err := runtime.New(c, runtime.Options{Trampoline: l.Trampoline})
+	if err != nil {
+		return nil, nil, err
+	}
+	caps := drv.Capabilities()
+	// Stop and gc clean up with the driver that started the sandbox,
+	// whatever the configuration says by then.
+	if err := runtime.Record(d.Path(), drv.Name()); err != nil {
+		return nil, nil, err
+	}
 	if err := l.phase(ctx, d, "plan GPUs"); err != nil {
 		return nil, nil, err
 	}
 	t0 := time.Now()
-	machine, gpus, err := l.planGPUs(ctx, s, d, memMiB, cpus, log)
+	devices, hole64, gpus, err := l.planGPUs(ctx, s, d, memMiB, log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -616,15 +602,6 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err := l.phase(ctx, d, "create scratch and open shares"); err != nil {
 		return nil, nil, err
 	}
-	var vfioFiles []string // the VMM opens them by name, as the job's uid
-	if machine != nil {
-		if b, err := os.ReadFile(d.File(gpuPlanFile)); err == nil {
-			var plan gpu.Plan
-			if json.Unmarshal(b, &plan) == nil {
-				vfioFiles = vfioGroupFiles(&plan)
-			}
-		}
-	}
 	t0 = time.Now()
 	shares, err := l.resolveMounts(ctx, s, log)
 	if err != nil {
@@ -636,8 +613,8 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err := fault.At(s.ID.Job, fault.Shares); err != nil {
 		return nil, nil, fmt.Errorf("open the host shares: %w", err)
 	}
-	if machine != nil && accel != "kvm" {
-		return nil, nil, fmt.Errorf("GPUs %s: VFIO passthrough needs KVM, and QEMU runs under %s on this node (no kvm_intel or kvm_amd loaded)", s.GPUs, accel)
+	if len(devices) > 0 && caps.Passthrough != "" {
+		return nil, nil, fmt.Errorf("GPUs %s: %s", s.GPUs, caps.Passthrough)
 	}
 	if err := l.phase(ctx, d, "prepare the image"); err != nil {
 		return nil, nil, err
@@ -679,26 +656,11 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		log.Warn("fault injected: every host share read-write", "fault", fault.ShareRW)
 		sharesForVM = readWrite(sharesForVM)
 	}
-	agentBin := c.QEMU.Agent
 	t0 = time.Now()
-	a, err := assets.Ensure(ctx, assets.Options{
-		KernelImage: c.QEMU.Kernel, Agent: agentBin,
-		CacheDir: filepath.Join(c.CacheDir, "assets"), Logger: log,
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("guest assets: %w", err)
+	if err := drv.Prepare(ctx, log); err != nil {
+		return nil, nil, err
 	}
 	logPhase(log, PhaseAssets, t0)
-	drv := qemu.New(qemu.Options{
-		Binary: c.QEMU.Binary, Accel: accel,
-		Kernel: a.Kernel, Initrd: a.Initrd,
-		Cmdline:     assets.KernelCmdline(accel),
-		RunAs:       *c.QEMU.RunAs,
-		Seccomp:     *c.QEMU.Seccomp,
-		BootTimeout: c.Timeouts.Boot.Duration,
-		StopGrace:   c.Timeouts.StopGrace.Duration,
-		Trampoline:  l.Trampoline,
-	})
 	if err := l.phase(ctx, d, "set up the step network"); err != nil {
 		return nil, nil, err
 	}
@@ -714,18 +676,19 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err := l.phase(ctx, d, "boot"); err != nil {
 		return nil, nil, err
 	}
-	log.Info("booting", "driver", drv.Name(), "accel", accel, "vcpus", cpus, "memory_mib", memMiB, "kernel", a.KernelVersion)
+	log.Info("booting", "driver", drv.Name(), "vcpus", cpus, "memory_mib", memMiB)
 	if err := fault.At(s.ID.Job, fault.VMM); err != nil {
 		return nil, nil, fmt.Errorf("start the VMM: %w", err)
 	}
 	t0 = time.Now()
 	sb, err := drv.Start(ctx, driver.SandboxConfig{
 		ID: s.ID.String(), StateDir: d.Path(),
-		CPUs: cpus, MemoryMiB: memMiB, OverlayMiB: OverlayMiB(memMiB, c.Resources),
-		RootDisk: img.Disk, ImageEnv: img.Config.Env, ImageWorkdir: img.Config.WorkingDir,
+		CPUs: cpus, MemoryMiB: memMiB,
+		RootFS:   driver.RootFS{Image: img.Disk, OverlayMiB: OverlayMiB(memMiB, c.Resources)},
+		ImageEnv: img.Config.Env, ImageWorkdir: img.Config.WorkingDir,
 		User: s.User, UID: s.UID, GID: s.GID, Groups: s.Groups,
 		Hostname: s.Hostname, Debug: s.Debug, Logger: log,
-		PCI: machine != nil, MachineArgs: machine, DeviceFiles: vfioFiles,
+		Devices: devices, PCIHole64: hole64,
 		Shares: sharesForVM, GPUDriver: gpuDriver, Network: netw,
 	})
 	if err != nil {
@@ -759,7 +722,6 @@ func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
 	}
 	grace := l.Config.Timeouts.StopGrace.Duration
 	sup, supErr := state.ReadProc(d.File(state.SupervisorFile))
-	vmm, vmmErr := state.ReadProc(d.File(state.VMMPidFile))
 	if l.afterStopMark != nil {
 		l.afterStopMark()
 	}
@@ -771,11 +733,16 @@ func (l *Launcher) Stop(ctx context.Context, id state.StepID) error {
 			waitGone(ctx, sup, 2*time.Second)
 		}
 	}
-	if vmmErr == nil && vmm.Alive() {
-		_ = vmm.Signal(unix.SIGKILL)
-		if !waitGone(ctx, vmm, 5*time.Second) {
-			return fmt.Errorf("stop step %s: VMM pid %d survived SIGKILL", id, vmm.Pid)
-		}
+	// The sandbox's host side (a VMM, a shim), by the driver that started
+	// it, from its records in the state directory.
+	drv, err := runtime.ForState(l.Config, d.Path())
+	if err != nil {
+		return fmt.Errorf("stop step %s: %w", id, err)
+	}
+	if err := drv.Cleanup(ctx, d.Path()); err != nil {
+		// Keep the state (and its records) for the epilog's gc to retry.
+		l.log().Error("sandbox not cleaned up", "step", id.String(), "driver", drv.Name(), "err", err)
+		return fmt.Errorf("stop step %s: %w", id, err)
 	}
 	if err := releaseGPUs(ctx, d); err != nil {
 		// Keep the state (and its plan) for the epilog's gc to retry.

@@ -22,7 +22,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher"
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
-	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/runtime"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
@@ -136,9 +136,21 @@ func validateCommand() *cli.Command {
 
 // checkShareCount counts the host shares a step would get (site mounts,
 // scratch, the user's mounts, the host MPI share where the MPI mode may
-// inject) against what a microVM takes (qemu.MaxSharesMicrovm): a step
-// over it would fail on the node.
+// inject) against what a sandbox of the configured runtime without GPUs
+// takes (driver.Capabilities.MaxShares; QEMU: qemu.MaxSharesMicrovm): a
+// step over it would fail on the node.
 func checkShareCount(cfg *config.Config, u fs.User, mounts, origin, mpiMode string) error {
+	drv, err := runtime.New(cfg, runtime.Options{})
+	if err != nil {
+		return err
+	}
+	limit := 0
+	if f := drv.Capabilities().MaxShares; f != nil {
+		limit = f(0)
+	}
+	if limit == 0 {
+		return nil
+	}
 	entries, err := cfg.Mounts.Plan(u, mounts, origin, "")
 	if err != nil {
 		return nil // Resolve reported what matters
@@ -154,11 +166,11 @@ func checkShareCount(cfg *config.Config, u fs.User, mounts, origin, mpiMode stri
 	if mpiMode == "auto" || mpiMode == "host" {
 		n, mpi = n+1, 1
 	}
-	if n <= qemu.MaxSharesMicrovm {
+	if n <= limit {
 		return nil
 	}
-	return fmt.Errorf("%s: the step would have %d host shares (%d of %s, %d site mounts, %d scratch, %d host MPI with --microvm-mpi=%s): a microVM takes at most %d (QEMU -M microvm's virtio-mmio slots); mount a common parent instead of several directories under it",
-		origin, n, count[fs.OriginUser], origin, count[fs.OriginSite], count[fs.OriginScratch], mpi, mpiMode, qemu.MaxSharesMicrovm)
+	return fmt.Errorf("%s: the step would have %d host shares (%d of %s, %d site mounts, %d scratch, %d host MPI with --microvm-mpi=%s): a microVM takes at most %d (the %s runtime's device slots); mount a common parent instead of several directories under it",
+		origin, n, count[fs.OriginUser], origin, count[fs.OriginSite], count[fs.OriginScratch], mpi, mpiMode, limit, drv.Name())
 }
 
 func prepareCommand() *cli.Command {

@@ -12,10 +12,29 @@
 // spank_exit, the epilog): it works from the state directory alone, by the
 // recorded pids; Sandbox.Stop is the supervisor's own, graceful path.
 //
-// Design decision: the interface is process-level (exec, signal, wait), not
-// VM-level (serial ports, sockets), because a Kata driver reaches the guest
-// only through the shim's task API (Exec, Kill, Wait, ResizePty,
-// CloseIO) — the same calls, so it fits without changes elsewhere.
+// Design decisions:
+//
+//   - The interface is process-level (exec, signal, wait), not VM-level
+//     (serial ports, sockets), because a Kata driver reaches the guest
+//     only through the shim's task API (Exec, Kill, Wait, ResizePty,
+//     CloseIO).
+//   - One factory (launcher/runtime) turns the configured name into a
+//     Driver, as Kata's NewHypervisor does; the lifecycle and the exec path
+//     never name a concrete driver (launcher/runtime TestLayering). The
+//     alternative, a switch on the name in the lifecycle, let QEMU's
+//     accelerator, assets and device syntax leak into it.
+//   - Devices travel as typed values (PCIDevice) that each driver renders
+//     in its own syntax (QEMU's -device lines live only in launcher/qemu),
+//     the root filesystem as RootFS (a disk for QEMU, a bundle rootfs for
+//     Kata), shares as opened directories whose ReadOnly the host side
+//     enforces whatever the guest does (QEMU's 9p server refuses writes;
+//     the Kata driver bind-mounts them read-only).
+//   - A driver cleans up from its own records in the state directory
+//     (Cleanup), so stop and gc work after a supervisor crash without
+//     knowing what a driver left (a VMM pid, a shim, its bundle).
+//   - What a driver cannot carry is a Capability, refused before anything
+//     is prepared with the driver's reason (VFIO under TCG; PMI forwarding
+//     under Kata, whose task API carries stdio only).
 package driver
 
 import (
@@ -48,10 +67,8 @@ type SandboxConfig struct {
 	// CPUs is the number of vCPUs; MemoryMiB the guest memory.
 	CPUs      int
 	MemoryMiB uint64
-	// OverlayMiB sizes the guest's writable layer over the image.
-	OverlayMiB uint64
-	// RootDisk is the image converted to a read-only erofs disk.
-	RootDisk string
+	// RootFS is the image's root filesystem.
+	RootFS RootFS
 	// ImageEnv and ImageWorkdir come from the image config.
 	ImageEnv     []string
 	ImageWorkdir string
@@ -67,13 +84,14 @@ type SandboxConfig struct {
 	// opened with the job user's credentials: the opened object is what
 	// the driver shares (never re-resolved by name).
 	Shares []Share
-	// PCI asks for a PCI machine (VFIO passthrough) described by
-	// MachineArgs (launcher/gpu's Plan.QEMUArgs for the QEMU driver).
-	PCI         bool
-	MachineArgs []string
-	// DeviceFiles are host device nodes the VMM opens by name (VFIO
-	// group files): the driver gives them to the VMM's uid while it runs.
-	DeviceFiles []string
+	// Devices are host PCI devices passed to the guest through VFIO
+	// (GPUs, a NIC's VF), in guest order; none: no passthrough. Each
+	// driver renders them in its own terms (QEMU: a q35 machine with one
+	// root port per device; Kata: VFIO devices cold-plugged on root ports).
+	Devices []PCIDevice
+	// PCIHole64 is the 64-bit PCI MMIO window the devices' BARs need, in
+	// bytes (launcher/gpu Plan.Hole64); 0: the VMM's default.
+	PCIHole64 uint64
 	// GPUDriver, for a step with GPUs, is the node's GPU driver set: the
 	// guest loads it before any process starts. nil: none.
 	GPUDriver *GPUDriver
@@ -81,6 +99,50 @@ type SandboxConfig struct {
 	Network *Network
 	Debug   bool
 	Logger  *slog.Logger
+}
+
+// RootFS is the step's root filesystem: the image converted to a
+// read-only erofs file (launcher/image), under a writable layer of
+// OverlayMiB that ends with the sandbox. Each driver presents it its own
+// way: the QEMU driver as a read-only virtio-blk disk the guest mounts
+// under a tmpfs overlay; the Kata driver mounts the erofs read-only with an
+// overlay on the host, in the shim's private mount namespace, as the
+// bundle's rootfs.
+type RootFS struct {
+	// Image is the erofs file (read-only; shared by the user's steps).
+	Image string
+	// OverlayMiB sizes the writable layer over the image.
+	OverlayMiB uint64
+}
+
+// PCIDevice is one host PCI device, with all the functions passed along
+// with it, given to the guest through VFIO on a slot of its own.
+type PCIDevice struct {
+	// ID names the device in the sandbox ("gpu0", "nic0"); unique.
+	ID string
+	// Functions are the host addresses (domain:bus:slot.function), the
+	// device's function 0 first; all of them go to the guest together
+	// (a GPU and its audio function).
+	Functions []string
+	// IOBAR: a function has an I/O BAR (its port must reserve I/O space).
+	IOBAR bool
+	// VFIOGroupFile is the device's /dev/vfio/<group>, opened by the VMM.
+	VFIOGroupFile string
+}
+
+// Capabilities say what a driver's sandboxes carry; the lifecycle refuses
+// a step that needs more, before it prepares anything, with the reason.
+type Capabilities struct {
+	// Passthrough is "" when the driver can pass Devices to the guest on
+	// this node, else why not ("VFIO passthrough needs KVM, and QEMU runs
+	// under tcg on this node").
+	Passthrough string
+	// Forwards is "" when a process can get ProcessSpec.FDs and
+	// ProcessSpec.Listeners (PMI-2's PMI_FD, PMIx's server), else why not.
+	Forwards string
+	// MaxShares is the most host shares (Shares plus the GPU driver set)
+	// a sandbox with devices devices takes; 0: no limit.
+	MaxShares func(devices int) int
 }
 
 // GPUDriver is a GPU driver set for the guest (launcher/gpu/driverset):
@@ -221,13 +283,26 @@ type Client interface {
 	Close() error
 }
 
-// Driver starts and attaches to sandboxes.
+// Driver starts sandboxes (the supervisor) and cleans up after them (any
+// process). Task processes do not use it: they attach to the step's
+// control socket, the same for every driver (launcher/driver/control).
 type Driver interface {
 	Name() string
+	// Capabilities is what this driver's sandboxes carry on this node.
+	Capabilities() Capabilities
+	// Prepare finds or builds what every sandbox of the driver needs
+	// before Start (the QEMU driver: its guest kernel and initramfs; the
+	// Kata driver: its shim and Kata's configuration), and fails with
+	// the reason when it cannot.
+	Prepare(ctx context.Context, log *slog.Logger) error
 	// Start boots the sandbox and returns once it runs processes.
 	Start(ctx context.Context, cfg SandboxConfig) (Sandbox, error)
-	// Attach connects to the running sandbox of stateDir.
-	Attach(ctx context.Context, stateDir string) (Client, error)
+	// Cleanup ends what a sandbox of stateDir left on the host, from the
+	// driver's own records there alone (a VMM by its recorded pid, device
+	// files given to the job's uid, a shim, its bundle): stop and gc call
+	// it from another process after the supervisor was asked to stop, or
+	// after it was killed. Idempotent; nothing recorded is not an error.
+	Cleanup(ctx context.Context, stateDir string) error
 }
 
 // Network attaches the guest to its step network (launcher/network).

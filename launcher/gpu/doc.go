@@ -7,7 +7,7 @@
 //	p, err := gpu.NewPlan(ctx, gpu.Request{StepGPUs: spec.GPUs, NVML: gpunvml.New(), AllowRebind: ..., GuestMemoryMiB: ...})
 //	// write p (JSON) into the step directory, log p.Mapping() and p.Notes
 //	err = p.Bind(ctx)                          // only changes drivers with AllowRebind
-//	args, err := p.QEMUArgs(gpu.Memory{MiB: guestMiB, PreallocThreads: vcpus})
+//	devs, hole64 := p.Devices(), p.Hole64()  // driver.SandboxConfig.Devices, PCIHole64 (each driver renders them)
 //	// guest env: CUDA_VISIBLE_DEVICES = gpu.GuestCUDAVisibleDevices(host value, len(p.GPUs))
 //	err = p.Release(ctx)                       // at stop, also from a fresh process with the JSON plan
 //

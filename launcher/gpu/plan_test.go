@@ -308,8 +308,8 @@ func TestPlanNoGPUs(t *testing.T) {
 	if err != nil || len(p.GPUs) != 0 {
 		t.Fatalf("NewPlan with no GPUs: %v, %d GPUs", err, len(p.GPUs))
 	}
-	if args, err := p.QEMUArgs(gpu.Memory{MiB: 1024}); err != nil || args != nil {
-		t.Errorf("QEMUArgs with no GPUs: %q, %v; want nil", args, err)
+	if devs := p.Devices(); devs != nil {
+		t.Errorf("Devices with no GPUs: %+v; want nil", devs)
 	}
 	if err := p.Bind(context.Background()); err != nil {
 		t.Errorf("Bind with no GPUs: %v", err)

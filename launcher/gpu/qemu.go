@@ -4,69 +4,24 @@ import (
 	"fmt"
 	"math/bits"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/pci"
 )
 
-// Memory is the guest RAM that QEMUArgs backs (package pci).
-type Memory = pci.Memory
-
-// MemoryBackendID is the id of the memory backend QEMUArgs creates.
-const MemoryBackendID = pci.MemoryBackendID
-
-// QEMUArgs is the GPU part of the QEMU command line (without the binary),
-// for QEMU 7.2 and later:
-//
-//	-M q35,memory-backend=gpu-ram,vmport=off,smm=off,sata=off
-//	-object memory-backend-ram,id=gpu-ram,size=<MiB>M,prealloc=on,prealloc-threads=<n>
-//	-global q35-pcihost.pci-hole64-size=<Hole64>
-//	per GPU i, in guest order:
-//	-device pcie-root-port,id=gpu<i>-port,bus=pcie.0,chassis=<i+1>[,io-reserve=0]
-//	-device vfio-pci,id=gpu<i>,host=<BDF>,bus=gpu<i>-port,addr=00.0[,multifunction=on],rombar=0
-//	-device vfio-pci,id=gpu<i>-fn<f>,host=<BDF>,bus=gpu<i>-port,addr=00.<f>,rombar=0  (other functions)
-//
-// The caller keeps `-m <MiB>M` (QEMU requires it to equal the backend's
-// size), boots with -accel kvm and `-cpu host,host-phys-bits=on` so the
-// guest's address width covers PhysBits, uses PCI (not MMIO) virtio
-// devices on q35, uses no other pcie-root-port chassis 1..len(GPUs), and
-// gives QEMU an RLIMIT_MEMLOCK of at least the guest memory plus 1 GiB
-// (VFIO pins all guest RAM; root with CAP_IPC_LOCK is exempt until -runas
-// drops it). It is a pure function of the plan and m. No GPUs gives nil.
-func (p *Plan) QEMUArgs(m Memory) ([]string, error) {
-	if len(p.GPUs) == 0 {
-		return nil, nil
-	}
-	args, err := pci.MachineArgs(m, p.Hole64())
-	if err != nil {
-		return nil, fmt.Errorf("gpu: %w", err)
-	}
+// Devices are the plan's GPUs as the sandbox gets them (each driver
+// renders them its own way; launcher/qemu PCIArgs for QEMU): per GPU, in
+// guest order, id gpu<i>, its functions (function 0 first) and its VFIO
+// group file. A pure function of the plan. No GPUs gives nil.
+func (p *Plan) Devices() []driver.PCIDevice {
+	var out []driver.PCIDevice
 	for i, g := range p.GPUs {
-		if len(g.Functions) == 0 || len(g.Functions) > 8 {
-			return nil, fmt.Errorf("gpu: GPU %d (%s) has %d functions to pass (want 1-8)", g.Index, g.BDF, len(g.Functions))
+		d := driver.PCIDevice{ID: fmt.Sprintf("gpu%d", i), IOBAR: hasIOBAR(g), VFIOGroupFile: g.VFIOGroupFile}
+		for _, f := range g.Functions {
+			d.Functions = append(d.Functions, f.BDF)
 		}
-		port := fmt.Sprintf("gpu%d-port", i)
-		rp := fmt.Sprintf("pcie-root-port,id=%s,bus=pcie.0,chassis=%d", port, i+1)
-		if !hasIOBAR(g) {
-			// Every root port otherwise reserves 4 KiB of the guest's 64 KiB
-			// I/O space; GPUs without I/O BARs need none.
-			rp += ",io-reserve=0"
-		}
-		args = append(args, "-device", rp)
-		for fn, f := range g.Functions {
-			if !pci.ValidBDF(f.BDF) {
-				return nil, fmt.Errorf("gpu: GPU %d: %q is not a PCI address", g.Index, f.BDF)
-			}
-			id := fmt.Sprintf("gpu%d", i)
-			if fn > 0 {
-				id = fmt.Sprintf("gpu%d-fn%d", i, fn)
-			}
-			dev := fmt.Sprintf("vfio-pci,id=%s,host=%s,bus=%s,addr=00.%d", id, f.BDF, port, fn)
-			if fn == 0 && len(g.Functions) > 1 {
-				dev += ",multifunction=on"
-			}
-			args = append(args, "-device", dev+",rombar=0")
-		}
+		out = append(out, d)
 	}
-	return args, nil
+	return out
 }
 
 func hasIOBAR(g GPU) bool {

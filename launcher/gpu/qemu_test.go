@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu"
+	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
@@ -37,9 +38,14 @@ func twoGPUPlan(t *testing.T) *gpu.Plan {
 	return p
 }
 
+// qemuArgs renders the plan's devices as the QEMU driver does.
+func qemuArgs(p *gpu.Plan, m qemu.Memory) ([]string, error) {
+	return qemu.PCIArgs(p.Devices(), m, p.Hole64())
+}
+
 func TestQEMUArgsTwoGPUs(t *testing.T) {
 	p := twoGPUPlan(t)
-	got, err := p.QEMUArgs(gpu.Memory{MiB: 16384, PreallocThreads: 4})
+	got, err := qemuArgs(p, qemu.Memory{MiB: 16384, PreallocThreads: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +91,7 @@ func TestQEMUArgsVariants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := p.QEMUArgs(gpu.Memory{MiB: 2048, HugePages: "/dev/huge,pages"})
+	got, err := qemuArgs(p, qemu.Memory{MiB: 2048, HugePages: "/dev/huge,pages"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +105,7 @@ func TestQEMUArgsVariants(t *testing.T) {
 			t.Errorf("QEMUArgs %q lacks %q", s, w)
 		}
 	}
-	if _, err := p.QEMUArgs(gpu.Memory{}); err == nil {
+	if _, err := qemuArgs(p, qemu.Memory{}); err == nil {
 		t.Error("QEMUArgs without a memory size succeeded")
 	}
 }
@@ -126,7 +132,7 @@ func TestQEMUAcceptsArgs(t *testing.T) {
 			prereq.Hardware(t, "%s exists on this host: not handing a real device to QEMU", g.BDF)
 		}
 	}
-	args, err := p.QEMUArgs(gpu.Memory{MiB: 512, PreallocThreads: 2})
+	args, err := qemuArgs(p, qemu.Memory{MiB: 512, PreallocThreads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +167,7 @@ func TestQEMUTopology(t *testing.T) {
 	q := qemuBinary(t)
 	p := twoGPUPlan(t)
 	const mem = 512
-	args, err := p.QEMUArgs(gpu.Memory{MiB: mem, PreallocThreads: 2})
+	args, err := qemuArgs(p, qemu.Memory{MiB: mem, PreallocThreads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,8 @@ type VMConfig struct {
 	Seccomp bool
 	// PCI selects a q35 machine with virtio-pci devices, for VFIO
 	// passthrough; MachineArgs then carry the -M line, the memory backend
-	// and the devices (launcher/gpu's Plan.QEMUArgs). Else -M microvm.
+	// and the devices (PCIArgs of driver.SandboxConfig.Devices). Else -M
+	// microvm.
 	PCI         bool
 	MachineArgs []string
 	// Net is the guest's network device; nil: none.

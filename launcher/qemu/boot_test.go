@@ -13,6 +13,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver/control"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture"
 )
@@ -50,8 +51,8 @@ func TestBootExecStop(t *testing.T) {
 	})
 	t0 := time.Now()
 	sb, err := d.Start(ctx, driver.SandboxConfig{
-		ID: "test", StateDir: stateDir, CPUs: 1, MemoryMiB: 256, OverlayMiB: 64,
-		RootDisk: disk, User: user, UID: uid, GID: gid, Groups: []uint32{gid}, Hostname: "guest-test",
+		ID: "test", StateDir: stateDir, CPUs: 1, MemoryMiB: 256, RootFS: driver.RootFS{Image: disk, OverlayMiB: 64},
+		User: user, UID: uid, GID: gid, Groups: []uint32{gid}, Hostname: "guest-test",
 	})
 	if err != nil {
 		t.Fatalf("start: %v", err)
@@ -139,7 +140,7 @@ func TestBootExecStop(t *testing.T) {
 			t.Errorf("%v: %v (output %q, status %v)", tt.argv, err, out, st)
 		}
 	}
-	c, err := qemu.Attach(ctx, stateDir)
+	c, err := control.Attach(ctx, stateDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +200,7 @@ func TestBootFailsFast(t *testing.T) {
 	})
 	t0 := time.Now()
 	sb, err := d.Start(ctx, driver.SandboxConfig{
-		ID: "fail", StateDir: stateDir, CPUs: 1, MemoryMiB: 256, OverlayMiB: 64, RootDisk: disk,
+		ID: "fail", StateDir: stateDir, CPUs: 1, MemoryMiB: 256, RootFS: driver.RootFS{Image: disk, OverlayMiB: 64},
 		UID: 65534, GID: 65534, Shares: []driver.Share{{Dir: share, Destination: "/etc/os-release", ReadOnly: true}},
 	})
 	if err == nil {

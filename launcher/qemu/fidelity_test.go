@@ -14,6 +14,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver/control"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture"
 )
@@ -53,8 +54,8 @@ func TestGuestSeesWhatTheHostSends(t *testing.T) {
 		BootTimeout: 90 * time.Second, StopGrace: 5 * time.Second,
 	})
 	sb, err := d.Start(ctx, driver.SandboxConfig{
-		ID: "probe", StateDir: stateDir, CPUs: 1, MemoryMiB: 256, OverlayMiB: 64,
-		RootDisk: disk, UID: 0, GID: 0, Groups: []uint32{0}, Hostname: "guest-probe",
+		ID: "probe", StateDir: stateDir, CPUs: 1, MemoryMiB: 256, RootFS: driver.RootFS{Image: disk, OverlayMiB: 64},
+		UID: 0, GID: 0, Groups: []uint32{0}, Hostname: "guest-probe",
 		ImageEnv: []string{"PATH=/bin", "IMAGE_VAR=kept", "SLURM_JOB_ID=666", "SLURM_ARRAY_JOB_ID=666",
 			"PMIX_SERVER_URI41=pmix-server.1;tcp4://10.6.6.6:666", "CUDA_VISIBLE_DEVICES=0"},
 	})
@@ -74,7 +75,7 @@ func TestGuestSeesWhatTheHostSends(t *testing.T) {
 	// just before the request and just after the answer.
 	probe := func(t *testing.T, spec driver.ProcessSpec) (map[string][]string, time.Time, time.Time) {
 		t.Helper()
-		c, err := qemu.Attach(ctx, stateDir)
+		c, err := control.Attach(ctx, stateDir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +158,7 @@ func TestGuestSeesWhatTheHostSends(t *testing.T) {
 // runArgv runs argv in the sandbox of stateDir and returns its output.
 func runArgv(t *testing.T, ctx context.Context, stateDir string, argv ...string) (string, driver.ExitStatus) {
 	t.Helper()
-	c, err := qemu.Attach(ctx, stateDir)
+	c, err := control.Attach(ctx, stateDir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver/control"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture"
@@ -84,7 +85,7 @@ func (e vmEnv) stateDir(t testing.TB, name string) string {
 
 func jobConfig(id, stateDir, disk string) driver.SandboxConfig {
 	return driver.SandboxConfig{
-		ID: id, StateDir: stateDir, CPUs: 1, MemoryMiB: 256, OverlayMiB: 64, RootDisk: disk,
+		ID: id, StateDir: stateDir, CPUs: 1, MemoryMiB: 256, RootFS: driver.RootFS{Image: disk, OverlayMiB: 64},
 		User: "nobody", UID: jobUID, GID: jobGID, Groups: jobGroups, Hostname: "guest-" + id,
 	}
 }
@@ -100,7 +101,7 @@ func serve(t *testing.T, ctx context.Context, sb driver.Sandbox, stateDir string
 	t.Cleanup(cancel)
 	go func() { _ = sb.Serve(sctx) }()
 	return func(argv ...string) (string, driver.ExitStatus, error) {
-		c, err := qemu.Attach(ctx, stateDir)
+		c, err := control.Attach(ctx, stateDir)
 		if err != nil {
 			return "", driver.ExitStatus{}, err
 		}

@@ -1,9 +1,6 @@
 package qemu
 
-import (
-	"fmt"
-	"strings"
-)
+import "fmt"
 
 // Device slots of the two machine types, measured with QEMU 7.2 (each
 // 9p share is one virtio device; see TestShareLimit and doc.go):
@@ -41,18 +38,6 @@ func MaxShares(pci bool, gpus int) int {
 		return MaxSharesMicrovm
 	}
 	return max(Q35Slots-baseDevices-gpus, 0)
-}
-
-// gpuPorts counts the pcie-root-ports in q35 machine arguments
-// (launcher/gpu's Plan.QEMUArgs: one per GPU).
-func gpuPorts(machineArgs []string) int {
-	n := 0
-	for i, a := range machineArgs {
-		if a == "-device" && i+1 < len(machineArgs) && strings.HasPrefix(machineArgs[i+1], "pcie-root-port,") {
-			n++
-		}
-	}
-	return n
 }
 
 // TooManySharesError is a step with more host shares than its VM has

@@ -22,7 +22,9 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/transport"
+	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver/control"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
@@ -50,6 +52,10 @@ type Options struct {
 	// through it so that the signals Slurm sends the whole step reach
 	// the workload and not the VMM. "" starts QEMU directly.
 	Trampoline string
+	// Assets, when Kernel is "", is where Prepare finds or builds the
+	// guest kernel and initramfs (launcher/assets); Prepare then sets
+	// Kernel, Initrd and Cmdline.
+	Assets *assets.Options
 }
 
 // Driver is the QEMU runtime driver.
@@ -63,7 +69,8 @@ func (d *Driver) Name() string { return "qemu" }
 
 // File names the driver keeps in the state directory.
 const (
-	vmmLog = "vmm.log" // QEMU's own stdout/stderr
+	vmmLog      = "vmm.log"          // QEMU's own stdout/stderr
+	devicesFile = "vmm-devices.list" // device files given to the VMM's uid, one per line
 )
 
 type sandbox struct {
@@ -116,8 +123,35 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	if len(shares) > 0 && !id.asJob {
 		return nil, fmt.Errorf("%w: %s; %d host share(s) refused (set qemu.runas = true, the default, in microvm.toml)", ErrSharesNeedJobIdentity, id.why, len(shares))
 	}
-	if max := MaxShares(cfg.PCI, gpuPorts(cfg.MachineArgs)); len(shares) > max {
-		return nil, &TooManySharesError{Shares: len(shares), Max: max, PCI: cfg.PCI, GPUs: gpuPorts(cfg.MachineArgs)}
+	pciMachine := len(cfg.Devices) > 0
+	if max := MaxShares(pciMachine, len(cfg.Devices)); len(shares) > max {
+		return nil, &TooManySharesError{Shares: len(shares), Max: max, PCI: pciMachine, GPUs: len(cfg.Devices)}
+	}
+	var machineArgs, deviceFiles []string
+	if pciMachine {
+		if d.o.Accel != "kvm" {
+			return nil, errors.New(d.noPassthrough())
+		}
+		var err error
+		if machineArgs, err = PCIArgs(cfg.Devices, Memory{MiB: cfg.MemoryMiB, PreallocThreads: cfg.CPUs}, cfg.PCIHole64); err != nil {
+			return nil, err
+		}
+		for _, dev := range cfg.Devices {
+			if dev.VFIOGroupFile != "" {
+				deviceFiles = append(deviceFiles, dev.VFIOGroupFile)
+			}
+		}
+		// VFIO pins all guest memory; QEMU, run as the job's user, has
+		// no root exemption. Inherited by QEMU.
+		lim := (cfg.MemoryMiB + 1024) << 20
+		if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: lim, Max: lim}); err != nil {
+			return nil, fmt.Errorf("raise RLIMIT_MEMLOCK to %d MiB for VFIO: %w", lim>>20, err)
+		}
+		// Given back to root by Cleanup (or when QEMU ends), even after
+		// a crash of this process.
+		if err := state.WriteFileAtomic(filepath.Join(cfg.StateDir, devicesFile), []byte(strings.Join(deviceFiles, "\n")+"\n"), 0o644); err != nil {
+			return nil, fmt.Errorf("record the VMM's device files: %w", err)
+		}
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -143,7 +177,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		cmdline = append(cmdline, "slurm_microvm.debug=1")
 	}
 	cmdline = append(cmdline, d.o.Cmdline...)
-	if cfg.PCI {
+	if pciMachine {
 		// virtio-pci and the rest are not in the agent's boot set.
 		cmdline = append(cmdline, "slurm_microvm.modules=all")
 	}
@@ -176,7 +210,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	}{
 		{"kernel", d.o.Kernel, os.O_RDONLY},
 		{"initrd", d.o.Initrd, os.O_RDONLY},
-		{"root disk", cfg.RootDisk, os.O_RDONLY},
+		{"root disk", cfg.RootFS.Image, os.O_RDONLY},
 	} {
 		if f.path == "" {
 			return fail(fmt.Errorf("qemu: no %s given", f.what))
@@ -234,8 +268,8 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		FDSets:      []FDSet{{FD: diskFD, Set: diskSet}, {FD: consoleFD, Set: consoleSet}},
 		AgentFD:     3,
 		Seccomp:     d.o.Seccomp,
-		PCI:         cfg.PCI,
-		MachineArgs: cfg.MachineArgs,
+		PCI:         pciMachine,
+		MachineArgs: machineArgs,
 		Net:         netdev,
 	}
 	args, err := Args(vm)
@@ -249,7 +283,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	for i, sh := range shares {
 		fd := 3 + len(extra)
 		dev := fs.NinePDeviceMMIO
-		if cfg.PCI {
+		if pciMachine {
 			dev = fs.NinePDevicePCI
 		}
 		tag := fmt.Sprintf("smv%d", i)
@@ -271,8 +305,8 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		return fail(fmt.Errorf("create VMM log: %w", err))
 	}
 	defer logf.Close()
-	_ = os.Remove(filepath.Join(cfg.StateDir, VMMExitFile))
-	restore, err := giveDevices(cfg.DeviceFiles, id)
+	_ = os.Remove(filepath.Join(cfg.StateDir, control.VMMExitFile))
+	restore, err := giveDevices(deviceFiles, id)
 	if err != nil {
 		return fail(err)
 	}
@@ -350,7 +384,7 @@ func (s *sandbox) waitReady(ctx context.Context) error {
 		_, err = c.Setup(ctx, &api.SetupRequest{
 			Uid: s.cfg.UID, Gid: s.cfg.GID, Groups: s.cfg.Groups,
 			RootDevice: "/dev/vda", RootFstype: "erofs",
-			OverlayMib: s.cfg.OverlayMiB, Hostname: s.cfg.Hostname,
+			OverlayMib: s.cfg.RootFS.OverlayMiB, Hostname: s.cfg.Hostname,
 			ImageEnv: api.Bytes(s.cfg.ImageEnv), ImageWorkdir: []byte(s.cfg.ImageWorkdir),
 			Mounts: s.mounts, GpuDriver: s.gpuDriver, Network: s.network,
 		})
@@ -475,28 +509,12 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	return nil
 }
 
-// Listen creates the control socket under a temporary name, gives it to
-// the job's uid with mode 0600 and renames it into place: the socket a
-// client finds is already the job user's.
+// Listen creates the control socket (control.Listen): the socket a client
+// finds is already the job user's.
 func (s *sandbox) Listen() error {
-	path := filepath.Join(s.cfg.StateDir, state.ControlSocket)
-	tmp := path + ".new"
-	_ = os.Remove(tmp)
-	l, err := net.Listen("unix", tmp)
+	l, err := control.Listen(s.cfg.StateDir, s.cfg.UID, s.cfg.GID)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", tmp, err)
-	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	for _, step := range []func() error{
-		func() error { return os.Chmod(tmp, 0o600) },
-		func() error { return os.Chown(tmp, int(s.cfg.UID), int(s.cfg.GID)) },
-		func() error { return os.Rename(tmp, path) },
-	} {
-		if err := step(); err != nil {
-			l.Close()
-			os.Remove(tmp)
-			return fmt.Errorf("control socket %s: %w", path, err)
-		}
+		return err
 	}
 	s.l = l
 	return nil
@@ -541,7 +559,7 @@ func (s *sandbox) Serve(ctx context.Context) error {
 // relay checks the peer's uid and copies bytes between it and a new stream.
 func (s *sandbox) relay(ctx context.Context, c *net.UnixConn) {
 	defer c.Close()
-	uid, err := peerUID(c)
+	uid, err := control.PeerUID(c)
 	if err != nil || (uid != s.cfg.UID && uid != 0) {
 		s.log.Warn("refused exec client", "uid", uid, "err", err)
 		return
@@ -556,95 +574,6 @@ func (s *sandbox) relay(ctx context.Context, c *net.UnixConn) {
 	go func() { _, _ = io.Copy(st, c); done <- struct{}{} }()
 	go func() { _, _ = io.Copy(c, st); _ = c.CloseWrite(); done <- struct{}{} }()
 	<-done
-}
-
-func peerUID(c *net.UnixConn) (uint32, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var cred *unix.Ucred
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if serr != nil {
-		return 0, serr
-	}
-	return cred.Uid, nil
-}
-
-// Attach connects to the control socket of a running sandbox.
-func (d *Driver) Attach(ctx context.Context, stateDir string) (driver.Client, error) {
-	return Attach(ctx, stateDir)
-}
-
-// Attach connects to the control socket in stateDir; usable without a
-// configured driver (the exec entry).
-func Attach(ctx context.Context, stateDir string) (driver.Client, error) {
-	var dl net.Dialer
-	conn, err := dl.DialContext(ctx, "unix", filepath.Join(stateDir, state.ControlSocket))
-	if err != nil {
-		return nil, explain(ctx, stateDir, fmt.Errorf("connect to sandbox: %w", err))
-	}
-	return &client{c: agent.NewClient(conn), stateDir: stateDir}, nil
-}
-
-// client and process turn every error seen after the VMM died into a
-// *VMMExitedError naming its end (explain), not the closed connection.
-type client struct {
-	c        *agent.Client
-	stateDir string
-}
-
-func (c *client) Close() error { return c.c.Close() }
-
-func (c *client) Exec(ctx context.Context, spec driver.ProcessSpec) (driver.Process, error) {
-	req := &api.CreateProcessRequest{
-		Argv: api.Bytes(spec.Argv), Env: api.Bytes(spec.Env), Cwd: []byte(spec.Cwd),
-		Terminal: spec.Terminal, Rows: uint32(spec.Rows), Cols: uint32(spec.Cols),
-	}
-	for _, sig := range spec.PendingSignals {
-		req.PendingSignals = append(req.PendingSignals, uint32(sig))
-	}
-	for _, f := range spec.FDs {
-		req.Forwards = append(req.Forwards, &api.Forward{Fd: uint32(f.GuestFD)})
-	}
-	for _, l := range spec.Listeners {
-		req.Forwards = append(req.Forwards, &api.Forward{Listen: l.Listen, Replace: l.Replace})
-	}
-	p, err := c.c.Start(ctx, req)
-	if err != nil {
-		return nil, explain(ctx, c.stateDir, err)
-	}
-	info := p.Forwards()
-	for i, f := range spec.FDs {
-		go p.RelayChannel(ctx, info[i].Channel, f.Host)
-	}
-	for i, l := range spec.Listeners {
-		go p.ServeListener(ctx, uint32(len(spec.FDs)+i), l.Dial)
-	}
-	return process{p, c.stateDir}, nil
-}
-
-type process struct {
-	p        *agent.Process
-	stateDir string
-}
-
-func (p process) Relay(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) {
-	p.p.Relay(ctx, stdin, stdout, stderr)
-}
-func (p process) Signal(ctx context.Context, sig syscall.Signal) error { return p.p.Signal(ctx, sig) }
-func (p process) Resize(ctx context.Context, rows, cols uint16) error {
-	return p.p.Resize(ctx, rows, cols)
-}
-func (p process) Path() string { return p.p.Path }
-func (p process) Wait(ctx context.Context) (driver.ExitStatus, error) {
-	st, err := p.p.Wait(ctx)
-	return driver.ExitStatus{Code: st.Code, Signal: st.Signal, OOMKilled: st.OOMKilled}, explain(ctx, p.stateDir, err)
 }
 
 // gpuDriverSetup is the agent's description of the driver set shared as tag.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver/control"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture"
@@ -89,7 +90,7 @@ func BenchmarkStepLaunch(b *testing.B) {
 	for i := 0; i < rounds; i++ {
 		dir := b.TempDir()
 		t0 := time.Now()
-		sb, err := d.Start(ctx, driver.SandboxConfig{ID: "bench", StateDir: dir, CPUs: 2, MemoryMiB: 512, OverlayMiB: 64, RootDisk: disk})
+		sb, err := d.Start(ctx, driver.SandboxConfig{ID: "bench", StateDir: dir, CPUs: 2, MemoryMiB: 512, RootFS: driver.RootFS{Image: disk, OverlayMiB: 64}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -106,7 +107,7 @@ func BenchmarkStepLaunch(b *testing.B) {
 			time.Sleep(2 * time.Millisecond)
 		}
 		t0 = time.Now()
-		c, err := qemu.Attach(ctx, dir)
+		c, err := control.Attach(ctx, dir)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -10,8 +10,7 @@
 //	        Owner: node + "/" + stepID, StateDir: stateDir})   // claims a VF
 //	// write p (JSON) into the step directory, log p.Mapping() and p.Notes
 //	err = p.Bind(ctx)                          // changes a driver only with allow_rebind
-//	args, err := p.DeviceArgs(len(gpuPlan.GPUs) + 1)          // beside gpu.Plan.QEMUArgs
-//	args, err := p.QEMUArgs(pci.Memory{MiB: guestMiB, ...})   // or, without GPUs, the whole PCI machine
+//	dev, err := p.Device()                     // driver.SandboxConfig.Devices, after the GPUs' ones
 //	files := p.VFIOGroupFiles()                // to the VMM, with the GPUs' ones
 //	modules := p.Guest().Modules               // into the guest's initramfs
 //	err = p.Release(ctx)                       // at stop, also from a fresh process with the JSON plan
@@ -100,7 +99,7 @@
 //     over (a plan note) for the next. A VF whose VFIO group is open
 //     belongs to a VM this node did not claim for and is passed over too.
 //
-//   - QEMU: q35 (package pci's MachineArgs: VFIO pins all guest memory, so
+//   - QEMU: q35 (launcher/qemu's PCIArgs: VFIO pins all guest memory, so
 //     it is preallocated as for GPUs) with the VF at 00.0 of its own
 //     pcie-root-port "nic0-port"; the chassis comes from the caller
 //     (after the GPUs' 1..n). io-reserve=0 and rombar=0: VFs have memory

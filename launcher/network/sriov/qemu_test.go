@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/network/sriov"
 	"github.com/slurm-microvm/slurm-microvm/launcher/pci"
+	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
@@ -26,9 +28,20 @@ func vfPlan(t *testing.T) *sriov.Plan {
 	return p
 }
 
+// qemuArgs renders devs (the VF, alone or after GPUs) as the QEMU driver
+// does.
+func qemuArgs(t *testing.T, p *sriov.Plan, m qemu.Memory, before ...driver.PCIDevice) ([]string, error) {
+	t.Helper()
+	d, err := p.Device()
+	if err != nil {
+		return nil, err
+	}
+	return qemu.PCIArgs(append(before, d), m, p.Hole64())
+}
+
 func TestQEMUArgsVF(t *testing.T) {
 	p := vfPlan(t)
-	got, err := p.QEMUArgs(pci.Memory{MiB: 4096, PreallocThreads: 2})
+	got, err := qemuArgs(t, p, qemu.Memory{MiB: 4096, PreallocThreads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,15 +55,16 @@ func TestQEMUArgsVF(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("QEMUArgs:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
 	}
-	// Beside 2 GPUs (gpu.Plan.QEMUArgs numbers its ports 1 and 2).
-	dev, err := p.DeviceArgs(3)
-	if err != nil || strings.Join(dev, " ") != "-device pcie-root-port,id=nic0-port,bus=pcie.0,chassis=3,io-reserve=0 -device vfio-pci,id=nic0,host=0000:3b:00.2,bus=nic0-port,addr=00.0,rombar=0" {
-		t.Errorf("DeviceArgs(3) = %q, %v", dev, err)
+	// Beside 2 GPUs (ports 1 and 2): the VF's port is the third.
+	gpus := []driver.PCIDevice{{ID: "gpu0", Functions: []string{"0000:18:00.0"}}, {ID: "gpu1", Functions: []string{"0000:41:00.0"}}}
+	dev, err := qemuArgs(t, p, qemu.Memory{MiB: 4096}, gpus...)
+	if err != nil || !strings.HasSuffix(strings.Join(dev, " "), "-device pcie-root-port,id=nic0-port,bus=pcie.0,chassis=3,io-reserve=0 -device vfio-pci,id=nic0,host=0000:3b:00.2,bus=nic0-port,addr=00.0,rombar=0") {
+		t.Errorf("VF beside 2 GPUs = %q, %v", dev, err)
 	}
-	for _, c := range []int{0, 256} {
-		if _, err := p.DeviceArgs(c); err == nil {
-			t.Errorf("DeviceArgs(%d) succeeded", c)
-		}
+	bad := *p
+	bad.VF.BDF = "3b:00.2"
+	if _, err := bad.Device(); err == nil || !strings.Contains(err.Error(), `"3b:00.2" is not a PCI address`) {
+		t.Errorf("Device of a bad VF address: %v", err)
 	}
 	if m := p.Mapping(); m != "nic: VF 0000:3b:00.2 (vf 0 of ib0 0000:3b:00.0) group 41 (vfio-pci) -> guest nic0" {
 		t.Errorf("Mapping = %q", m)
@@ -70,7 +84,7 @@ func TestQEMUAcceptsVFArgs(t *testing.T) {
 	if _, err := os.Stat("/sys/bus/pci/devices/" + p.VF.BDF); err == nil {
 		prereq.Hardware(t, "%s exists on this host: not handing a real device to QEMU", p.VF.BDF)
 	}
-	args, err := p.QEMUArgs(pci.Memory{MiB: 512, PreallocThreads: 2})
+	args, err := qemuArgs(t, p, qemu.Memory{MiB: 512, PreallocThreads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,27 +146,26 @@ func TestGuestModulesResolve(t *testing.T) {
 	}
 }
 
-// TestQEMUVFBesideGPU runs QEMU with the VF's DeviceArgs after a GPU's
-// root port (chassis 1, as gpu.Plan.QEMUArgs makes it), the vfio-pci
-// device replaced by a pci-testdev stand-in: the VF must sit at 00.0 of
-// its own port (HMP info qtree). With the GPU's chassis number QEMU
-// itself refuses the second port, which is why DeviceArgs takes the
-// chassis from the caller.
+// TestQEMUVFBesideGPU runs QEMU with the VF after a GPU (qemu.PCIArgs of
+// both), every vfio-pci device replaced by a pci-testdev stand-in: the VF
+// must sit at 00.0 of its own port (HMP info qtree). With the GPU's
+// chassis number QEMU itself refuses the second port, which is why
+// PCIArgs numbers the ports by position.
 func TestQEMUVFBesideGPU(t *testing.T) {
 	q, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
 		prereq.Missing(t, "qemu-system-x86_64 not installed")
 	}
 	p := vfPlan(t)
-	machine, err := pci.MachineArgs(pci.Memory{MiB: 256}, pci.DefaultHole64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpuPort := []string{"-device", "pcie-root-port,id=gpu0-port,bus=pcie.0,chassis=1,io-reserve=0"}
+	gpu := driver.PCIDevice{ID: "gpu0", Functions: []string{"0000:18:00.0"}}
 	run := func(chassis int) string {
-		dev, err := p.DeviceArgs(chassis)
+		dev, err := qemuArgs(t, p, qemu.Memory{MiB: 256}, gpu)
 		if err != nil {
 			t.Fatal(err)
+		}
+		// Chassis 1 for the VF's port too: the GPU's.
+		for i := range dev {
+			dev[i] = strings.Replace(dev[i], "id=nic0-port,bus=pcie.0,chassis=2,", fmt.Sprintf("id=nic0-port,bus=pcie.0,chassis=%d,", chassis), 1)
 		}
 		for i, a := range dev {
 			if rest, ok := strings.CutPrefix(a, "vfio-pci,"); ok {
@@ -165,7 +178,7 @@ func TestQEMUVFBesideGPU(t *testing.T) {
 				dev[i] = "pci-testdev," + strings.Join(keep, ",")
 			}
 		}
-		args := append(append(append([]string{}, machine...), gpuPort...), dev...)
+		args := append([]string{}, dev...)
 		args = append(args, "-accel", "tcg", "-m", "256M", "-nodefaults", "-no-user-config", "-display", "none", "-S", "-monitor", "stdio")
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
