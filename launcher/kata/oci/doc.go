@@ -32,9 +32,9 @@
 //
 // No seccomp profile. Under Kata the guest kernel is the boundary: the
 // container runs in the VM, and a profile would only filter calls to the
-// guest's kernel (Kata's disable_guest_seccomp defaults to true for that
-// reason). containerd's default profile would also refuse calls HPC codes
-// make (perf_event_open, process_vm_readv for MPI's CMA). With the runc
+// guest's kernel (Kata's disable_guest_seccomp defaults to true and drops
+// a spec's profile anyway). containerd's default profile would also refuse
+// calls HPC tools make (perf_event_open, for one). With the runc
 // shim the tests run the container on the host without one; runc stands in
 // for the API path only, not for the isolation.
 //
@@ -80,9 +80,8 @@
 // of Kata's to know about, not changed here.)
 //
 // VFIO devices only. Devices must be /dev/vfio/<group> or /dev/vfio/vfio
-// (the cold-plugged GPUs): Kata finds the group's PCI devices from the
-// host device's major:minor and skips the container node of
-// /dev/vfio/vfio. Group nodes are the job's (0600, uid and gid of the job),
+// (the cold-plugged GPUs): Kata finds the host device, and the group's PCI
+// devices, from the major:minor given. Group nodes are the job's (0600, uid and gid of the job),
 // as the built-in driver gives them to QEMU running as the job;
 // /dev/vfio/vfio is 0666 as on hosts.
 //
@@ -93,6 +92,6 @@
 //
 // cgroupsPath verbatim. The caller passes a cgroupfs path under the step's
 // cgroup; Spec checks that it is absolute, clean, not / and not systemd's
-// slice:prefix:name form (Kata's Go runtime prefixes a relative path with
-// its own /vc parent, which would leave the step's cgroup).
+// slice:prefix:name form (a relative path would be placed under the
+// runtime's own parent, outside the step's cgroup).
 package oci
