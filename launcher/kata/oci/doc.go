@@ -90,8 +90,15 @@
 // No user namespace: Kata's guest and the runtimes run the container as
 // the job's real uid, which file ownership in the shares needs.
 //
-// cgroupsPath verbatim. The caller passes a cgroupfs path under the step's
-// cgroup; Spec checks that it is absolute, clean, not / and not systemd's
-// slice:prefix:name form (a relative path would be placed under the
-// runtime's own parent, outside the step's cgroup).
+// cgroupsPath verbatim. The caller passes a cgroupfs path; Spec checks
+// that it is absolute, clean, not / and not systemd's slice:prefix:name
+// form (a relative path would be placed under the runtime's own parent,
+// outside the step's cgroup). Which path is the driver's choice, with this
+// measured here (Slurm 22.05, proctrack/cgroup, cgroup v1): a process in a
+// child of the step's freezer cgroup survives scancel, and the job stays
+// COMPLETING, because Slurm signals the pids of the step cgroup's own
+// cgroup.procs only (common_cgroup_get_pids), not its children's. A
+// sandbox in .../step_S/<child> is still counted by --mem (memory limits
+// are hierarchical) but not killed by scancel: the driver either uses the
+// step's cgroup itself or kills the sandbox on its own at the step's end.
 package oci

@@ -29,9 +29,10 @@ type Input struct {
 	// Mounts are the step's shares, in any order (parents are mounted
 	// before what lies beneath them).
 	Mounts []Mount
-	// CgroupsPath is linux.cgroupsPath: an absolute cgroup path under the
-	// step's cgroup (cgroupfs form; the systemd slice:prefix:name form is
-	// refused).
+	// CgroupsPath is linux.cgroupsPath: an absolute cgroupfs path, the
+	// step's cgroup or one below it (the systemd slice:prefix:name form is
+	// refused). Under cgroup v1 scancel does not kill processes in a child
+	// of the step's freezer cgroup (doc.go).
 	CgroupsPath string
 	// NetNS is a network namespace to join (/proc/<pid>/ns/net or a
 	// bind-mounted one); "" gives the container a new one with loopback
