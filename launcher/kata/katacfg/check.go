@@ -95,6 +95,9 @@ func (c *Config) problem(key, fix, format string, a ...any) Problem {
 //     devices are in the VM from boot, as on a confidential guest),
 //     hot_plug_vfio no-port (Kata takes one of the two), and
 //     pcie_root_port (pcie_switch_port) at least the number of devices.
+//   - with GPUs, runtime.vfio_mode not "vfio": the guest's kernel drives
+//     the GPUs ("guest-kernel", Kata's default), not a VFIO node in the
+//     container.
 //   - the step's vCPUs and memory within default_maxvcpus and
 //     default_maxmemory, where those are set.
 //   - QEMU with virtio-fs keeps guest RAM as a file in file_mem_backend,
@@ -178,6 +181,10 @@ func (c *Config) checkGPUs(n int) []Problem {
 		}
 		ps = append(ps, c.problem(c.key("cold_plug_vfio"), `set cold_plug_vfio = "root-port" (or "switch-port")`,
 			"is %q, which %s: the step's %d GPU device(s) would not reach the guest", cold, why, n))
+	}
+	if c.Runtime.VFIOMode == "vfio" {
+		ps = append(ps, c.problem("runtime.vfio_mode", `set vfio_mode = "guest-kernel" in [runtime]`,
+			`is "vfio": the container would get VFIO group nodes instead of GPUs; the guest's kernel (with the NVIDIA driver slurm-microvm brings) must drive them`))
 	}
 	if hot := port(h.HotPlugVFIO); hot != "no-port" {
 		ps = append(ps, c.problem(c.key("hot_plug_vfio"), `set hot_plug_vfio = "no-port"`,

@@ -33,7 +33,8 @@
 //     spellings; "no-port" is off, "bridge-port" a PCI bridge too small for
 //     GPU BARs), hot_plug_vfio = "no-port" (Kata refuses both at once), and
 //     pcie_root_port (or pcie_switch_port) at least the devices to plug, at
-//     most 16 (Kata's maxPCIeRootPort).
+//     most 16 (Kata's maxPCIeRootPort); runtime.vfio_mode not "vfio", so
+//     that the guest's kernel drives the GPUs.
 //   - default_maxvcpus and default_maxmemory, where set (non-zero), at least
 //     the step's vCPUs and memory: QEMU refuses -smp or -m above the max.
 //   - QEMU with virtio-fs keeps guest RAM in a file under file_mem_backend,

@@ -87,6 +87,10 @@ type Runtime struct {
 	// StaticSandboxResourceMgmt sizes the VM once at boot (default vCPUs
 	// and memory plus the container's resources) and never hot-plugs.
 	StaticSandboxResourceMgmt bool `toml:"static_sandbox_resource_mgmt"`
+	// VFIOMode is how a VFIO device appears in the container: "vfio" (a
+	// /dev/vfio group node in the guest) or "guest-kernel" (the guest's
+	// kernel drives the device; Kata's default).
+	VFIOMode string `toml:"vfio_mode"`
 	// HypervisorName picks the [hypervisor.<name>] table (runtime-rs);
 	// "": the file must hold exactly one.
 	HypervisorName string `toml:"hypervisor_name"`

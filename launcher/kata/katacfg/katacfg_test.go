@@ -96,6 +96,8 @@ func TestCheck(t *testing.T) {
 		{"gpu-enough-root-ports", siteWith(t, "pcie_root_port = 8", "pcie_root_port = 2"), step, nil},
 		{"gpu-switch-port-none", siteWith(t, `cold_plug_vfio = "root-port"`, `cold_plug_vfio = "switch-port"`), step, []string{"hypervisor.qemu.pcie_switch_port"}},
 		{"gpu-switch-port", siteWith(t, `cold_plug_vfio = "root-port"`, "cold_plug_vfio = \"switch-port\"\npcie_switch_port = 4"), step, nil},
+		{"gpu-vfio-mode-vfio", siteWith(t, `vfio_mode="guest-kernel"`, `vfio_mode="vfio"`), step, []string{"runtime.vfio_mode"}},
+		{"gpu-vfio-mode-vfio-no-gpus", siteWith(t, `vfio_mode="guest-kernel"`, `vfio_mode="vfio"`), with(func(n *Need) { n.GPUs = 0 }), nil},
 		{"gpu-hot-and-cold", siteWith(t, `#hot_plug_vfio = "root-port"`, `hot_plug_vfio = "root-port"`), step, []string{"hypervisor.qemu.hot_plug_vfio"}},
 		{"gpu-too-many", siteWith(t, "pcie_root_port = 8", "pcie_root_port = 16"), with(func(n *Need) { n.GPUs = 17 }), []string{"hypervisor.qemu.cold_plug_vfio"}},
 		{"shared-fs-none", siteWith(t, `shared_fs = "virtio-fs"`, `shared_fs = "none"`), step, []string{"hypervisor.qemu.shared_fs"}},
