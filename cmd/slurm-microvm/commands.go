@@ -566,6 +566,7 @@ func configCommand() *cli.Command {
 		Subcommands: []*cli.Command{{
 			Name:  "check",
 			Usage: "validate microvm.toml and what it names on this node: unknown keys and bad values are errors naming the key and line",
+			Flags: kataCheckFlags,
 			Action: func(c *cli.Context) error {
 				path := c.String("config")
 				if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
@@ -575,8 +576,12 @@ func configCommand() *cli.Command {
 				if err != nil {
 					return cli.Exit(err.Error(), 1)
 				}
-				if err := cfg.CheckHost(path); err != nil {
-					return cli.Exit(err.Error(), 1)
+				hostErr := cfg.CheckHost(path)
+				if cfg.Driver == "kata" {
+					hostErr = errors.Join(hostErr, checkKata(c, cfg))
+				}
+				if hostErr != nil {
+					return cli.Exit(hostErr.Error(), 1)
 				}
 				fmt.Printf("%s: ok (driver %s, runtime %s, cache %s)\n", c.String("config"), cfg.Driver, cfg.RuntimeDir, cfg.CacheDir)
 				return nil

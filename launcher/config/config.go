@@ -574,7 +574,7 @@ func checkRuntimeDir(dir string) error {
 // alone does not, so that login nodes can read the file.
 func (c *Config) CheckHost(path string) error {
 	var errs []error
-	if _, err := exec.LookPath(c.QEMU.Binary); err != nil {
+	if _, err := exec.LookPath(c.QEMU.Binary); err != nil && c.Driver != "kata" { // Kata runs its own VMM
 		errs = append(errs, &Error{Path: path, Key: "qemu.binary", Msg: fmt.Sprintf("%q is not an executable on this node (install qemu-system-x86)", c.QEMU.Binary)})
 	}
 	if fi, err := os.Stat(c.QEMU.Agent); err != nil || !fi.Mode().IsRegular() {
