@@ -354,6 +354,8 @@ func TestService(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
 			id := fmt.Sprintf("exec%d", i)
 			io := sb.stdio(t, id, tt.stdin, tt.terminal)
 			if err := s.Exec(ctx, id, tt.p, io.io); err != nil {
@@ -389,6 +391,38 @@ func TestService(t *testing.T) {
 			}
 		})
 	}
+
+	// Another process (a second `exec`, `stop`) reaches the same
+	// container through its own connection: the task and the exec are
+	// loaded from the daemon.
+	t.Run("second connection", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		io := sb.stdio(t, "other", false, false)
+		if err := s.Exec(ctx, "other", process("sleep", "1000"), io.io); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Start(ctx, "other"); err != nil {
+			t.Fatal(err)
+		}
+		s2, err := Connect(ctx, sb.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s2.Shutdown(ctx)
+		if err := s2.Kill(ctx, "other", syscall.SIGKILL, false); err != nil {
+			t.Fatal(err)
+		}
+		if e, err := s2.Wait(ctx, "other"); err != nil || e.Status != 128+9 {
+			t.Fatalf("Wait through the second connection: %+v, %v; want status 137", e, err)
+		}
+		if _, err := s2.Delete(ctx, "other"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s2.Wait(ctx, "nosuch"); !errdefs.IsNotFound(err) {
+			t.Errorf("Wait for an exec that is not there: %v, want not found", err)
+		}
+	})
 
 	if _, err := s.Delete(ctx, ""); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("Delete of a running init: %v, want a failed precondition", err)
@@ -514,6 +548,28 @@ func TestConfigPath(t *testing.T) {
 	}
 	if ro, ok := v.(*runtimeoptions.Options); !ok || ro.ConfigPath != o.ConfigPath {
 		t.Errorf("runtime options %T %+v, want runtimeoptions.Options{ConfigPath: %q}", v, v, o.ConfigPath)
+	}
+}
+
+func TestCheckIO(t *testing.T) {
+	tests := []struct {
+		io   taskapi.IO
+		want string // "" for valid
+	}{
+		{taskapi.IO{}, ""},
+		{taskapi.IO{Stdout: "/o", Stderr: "/e"}, ""},
+		{taskapi.IO{Stdin: "/i", Stdout: "/o", Stderr: "/e"}, ""},
+		{taskapi.IO{Stdin: "/i"}, ""},
+		{taskapi.IO{Stdin: "/i", Stdout: "/o", Terminal: true}, ""},
+		{taskapi.IO{Stdout: "/o"}, "give both FIFOs or neither"},
+		{taskapi.IO{Stderr: "/e"}, "give both FIFOs or neither"},
+		{taskapi.IO{Stdout: "/o", Stderr: "/e", Terminal: true}, "leave stderr empty"},
+	}
+	for _, tt := range tests {
+		err := checkIO(tt.io)
+		if (err == nil) != (tt.want == "") || err != nil && !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("checkIO(%+v) = %v, want %q", tt.io, err, tt.want)
+		}
 	}
 }
 
