@@ -294,6 +294,16 @@ func TestService(t *testing.T) {
 	if err := s.Ping(ctx); err != nil {
 		t.Errorf("Ping: %v", err)
 	}
+	// A second sandbox with the same namespace and id is refused: no step
+	// attaches to another step's container by creating it again.
+	other, err := Connect(ctx, sb.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Create(ctx, taskapi.CreateOptions{Spec: sb.spec()}); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("Create of an id that exists: %v, want already exists", err)
+	}
+	other.Shutdown(ctx)
 
 	tests := []struct {
 		name            string
@@ -519,6 +529,30 @@ func TestCleanup(t *testing.T) {
 // TestConfigPath: a Kata configuration path reaches the container's
 // runtime options as runtimeoptions.v1.Options{ConfigPath}, where Kata's
 // shim reads it (the runc shim would reject them, so no task is made).
+// TestCreateFails: a task the runtime cannot create (init not in the
+// rootfs) leaves no container behind, and the error keeps runc's text.
+func TestCreateFails(t *testing.T) {
+	d := fixture.StartContainerd(t)
+	sb := newSandbox(t, d, "bad")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := Connect(ctx, sb.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(ctx)
+	spec := sb.spec()
+	spec.Process = process("/no/such/init")
+	_, err = s.Create(ctx, taskapi.CreateOptions{Spec: spec})
+	if err == nil || !strings.Contains(err.Error(), "create task of container bad") || !strings.Contains(err.Error(), "/no/such/init") {
+		t.Fatalf("Create with a missing init: %v; want the task's error naming the path", err)
+	}
+	if _, err := s.client.LoadContainer(ctx, sb.opts.ID); !errdefs.IsNotFound(err) {
+		t.Errorf("container after a failed Create: %v, want not found", err)
+	}
+	sb.checkGone(t)
+}
+
 func TestConfigPath(t *testing.T) {
 	d := fixture.StartContainerd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
