@@ -271,7 +271,8 @@ func TestService(t *testing.T) {
 	}
 	tExec := time.Since(t0)
 	rss, _ := d.RSS()
-	t.Logf("runc shim through containerd: Connect to created task %v, to a running exec %v; containerd RSS %d KiB", tCreate.Round(time.Millisecond), tExec.Round(time.Millisecond), rss)
+	v, _ := s.client.Version(ctx)
+	t.Logf("runc shim through containerd %s: Connect to created task %v, to a running exec %v; containerd RSS %d KiB", v.Version, tCreate.Round(time.Millisecond), tExec.Round(time.Millisecond), rss)
 	if e, err := s.Wait(ctx, "first"); err != nil || e.Status != 0 {
 		t.Fatalf("exec true: %+v, %v", e, err)
 	}

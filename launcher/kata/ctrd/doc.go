@@ -66,12 +66,22 @@
 //
 // # What the runc shim under a daemon leaves outside the daemon's dirs
 //
-// Measured with Debian's containerd 1.6.20: whatever root and state the
-// daemon's config names, its runc shim serves on
+// Measured with Debian's containerd 1.6.20 and with containerd 2.4.2
+// built from the module (with its own runc shim: a 2.x daemon cannot
+// start the 1.6 shim, "type with url <id>: not found"): whatever root
+// and state the daemon's config names, its runc shim serves on
 // /run/containerd/s/<sha256(daemon address/namespace/id)> and keeps
 // runc's state in /run/containerd/runc/<namespace>/<id>; both go when
 // the task is deleted (the namespace directory stays). test/fixture's
 // StartContainerd removes what its daemon's shims created there, and the
 // tests check both are gone, with the shim process, the rootfs's mounts
 // and the container's cgroup, after Delete and after Cleanup.
+//
+// # Cost (TestService's log, runc shim, 2 cores under load)
+//
+// From Connect to a running exec (create the container and its task,
+// start init, exec, start it): 113-208 ms with containerd 1.6.20,
+// 132-194 ms with 2.4.2. The daemon's RSS with one container: about 38
+// MB (1.6.20) and 45 MB (2.4.2), on every node, besides one shim per
+// sandbox.
 package ctrd
