@@ -30,7 +30,10 @@ type Options struct {
 	Namespace string
 	// Runtime is the runtime handler containerd starts the container's
 	// shim with: io.containerd.kata.v2 for Kata ([kata]
-	// runtime_handler); io.containerd.runc.v2 in the tests.
+	// runtime_handler); io.containerd.runc.v2 in the tests. containerd
+	// resolves it to the binary containerd-shim-<name>-<version> on its
+	// own PATH (containerd-shim-kata-v2), and serves the shim's events
+	// itself (its ttrpc address).
 	Runtime string
 	// ID is the container's id, unique in Namespace (containerd's
 	// identifier rule: letters, digits, '.', '_', '-', at most 76).
