@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"time"
@@ -26,6 +27,9 @@ import (
 const portName = "agent"
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == "pause" {
+		pause()
+	}
 	if os.Getpid() != 1 {
 		fmt.Fprintln(os.Stderr, "slurm-microvm-agent: must run as PID 1 inside the microVM")
 		os.Exit(2)
@@ -53,6 +57,27 @@ func main() {
 		log.Error("agent failed", "err", err)
 	}
 	powerOff()
+}
+
+// pause is the init of a Kata sandbox container (launcher/kata): it
+// reaps the processes that end up as its children (orphans of the
+// processes exec'd into the container) and exits 0 on SIGTERM, SIGINT or
+// SIGHUP, ending the container.
+func pause() {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGCHLD)
+	for sig := range sigs {
+		if sig != unix.SIGCHLD {
+			os.Exit(0)
+		}
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
 }
 
 // uptime is the guest's CLOCK_BOOTTIME, comparable with the kernel log.

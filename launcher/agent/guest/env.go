@@ -34,3 +34,16 @@ func StepOwned(name string) bool {
 	}
 	return false
 }
+
+// MergeEnv is the environment of a task's process: the image's ENV
+// overridden by the task's, names the step owns never from the image
+// (StepOwned), and PATH the image's search path (DefaultPath when the
+// image sets none), as the agent starts processes. Drivers that start
+// processes without the agent (launcher/kata) use it so both agree.
+func MergeEnv(image, task []string) []string {
+	imagePath, ok := envValue(image, "PATH")
+	if !ok {
+		imagePath = DefaultPath
+	}
+	return withPath(mergeEnv(image, task), imagePath)
+}

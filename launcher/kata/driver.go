@@ -1,0 +1,178 @@
+package kata
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/kata/ctrd"
+	"github.com/slurm-microvm/slurm-microvm/launcher/kata/katacfg"
+	"github.com/slurm-microvm/slurm-microvm/launcher/kata/shim"
+)
+
+// Options configure the driver ([kata] of microvm.toml).
+type Options struct {
+	// Mode is "shim" (start Shim per step) or "containerd" (through the
+	// daemon at ContainerdAddress with RuntimeHandler).
+	Mode string
+	// Shim is the containerd-shim-kata-v2 binary (PATH lookup when
+	// relative).
+	Shim string
+	// Configuration is Kata's configuration.toml ("" searches Kata's
+	// order, katacfg.SearchPath); given to the shim as KATA_CONF_FILE.
+	Configuration string
+	// ContainerdAddress and RuntimeHandler are for mode "containerd".
+	ContainerdAddress, RuntimeHandler string
+	// Namespace is the containerd namespace of the sandboxes.
+	Namespace string
+	// Init is the static guest agent binary (qemu.agent of the config):
+	// the sandbox container's init runs it in pause mode.
+	Init string
+	// StopGrace bounds how long the sandbox's processes get after
+	// SIGTERM before SIGKILL when it stops.
+	StopGrace time.Duration
+}
+
+// Driver is the Kata runtime driver.
+type Driver struct {
+	o   Options
+	cfg *katacfg.Config
+}
+
+// New returns a Kata driver.
+func New(o Options) *Driver {
+	if o.StopGrace <= 0 {
+		o.StopGrace = 5 * time.Second
+	}
+	return &Driver{o: o}
+}
+
+// Name is "kata".
+func (d *Driver) Name() string { return "kata" }
+
+// Capabilities: devices by Kata's VFIO cold-plug; no PMI forwards (doc.go);
+// no share limit of ours (Kata's virtio-fs takes one device for all).
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Forwards: errNoPMI}
+}
+
+const errNoPMI = "the kata runtime carries no PMI into the sandbox (the shim's task API carries stdio only): run MPI steps with runtime = \"qemu\" on these nodes, or srun --mpi=none"
+
+// Prepare finds the shim (mode shim) and reads Kata's configuration.toml;
+// the step-specific checks (sizing annotations, VFIO ports, /dev/shm) run
+// in Start. Errors name the binary or the file.
+func (d *Driver) Prepare(ctx context.Context, log *slog.Logger) error {
+	if d.o.Mode == "shim" {
+		if _, err := exec.LookPath(d.o.Shim); err != nil {
+			return fmt.Errorf("kata.shim %q: %w (install Kata Containers' containerd-shim-kata-v2, or set kata.shim)", d.o.Shim, err)
+		}
+	}
+	cfg, err := katacfg.Load(d.o.Configuration)
+	if err != nil {
+		return fmt.Errorf("kata configuration: %w", err)
+	}
+	d.cfg = cfg
+	if log != nil {
+		log.Info("kata configuration", "file", cfg.Path, "summary", cfg.Summary())
+	}
+	return nil
+}
+
+// File names the driver keeps in the state directory.
+const (
+	recordFile = "kata.json" // record: what Cleanup needs
+	kataDir    = "kata"      // bundle, shim sockets, stdio FIFOs
+)
+
+// record is what Cleanup needs from another process.
+type record struct {
+	Mode string `json:"mode"`
+	// Shim is the shim's record (mode shim).
+	Shim *shim.Record `json:"shim,omitempty"`
+	// Containerd is the daemon's container (mode containerd).
+	Containerd *ctrdRecord `json:"containerd,omitempty"`
+	// Mounts are host mount points to unmount, deepest first (mode
+	// containerd; the shim's are in its own mount namespace).
+	Mounts []string `json:"mounts,omitempty"`
+}
+
+// ctrdRecord names the container of mode containerd.
+type ctrdRecord struct {
+	Address   string `json:"address"`
+	Namespace string `json:"namespace"`
+	Runtime   string `json:"runtime"`
+	ID        string `json:"id"`
+}
+
+func writeRecord(stateDir string, r record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(stateDir, recordFile+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("record the kata sandbox: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(stateDir, recordFile)); err != nil {
+		return fmt.Errorf("record the kata sandbox: %w", err)
+	}
+	return nil
+}
+
+// Cleanup removes what a sandbox of stateDir left, from its record: the
+// shim (killed, `delete`d, its sockets removed) or containerd's task and
+// container, then the host mounts and the driver's directory. Idempotent.
+func (d *Driver) Cleanup(ctx context.Context, stateDir string) error {
+	b, err := os.ReadFile(filepath.Join(stateDir, recordFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return os.RemoveAll(filepath.Join(stateDir, kataDir))
+	}
+	if err != nil {
+		return fmt.Errorf("read the kata record: %w", err)
+	}
+	var r record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return fmt.Errorf("read the kata record %s: %w", filepath.Join(stateDir, recordFile), err)
+	}
+	var errs []error
+	if r.Shim != nil {
+		if err := shim.Cleanup(ctx, *r.Shim, nil); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if r.Containerd != nil {
+		c := r.Containerd
+		if err := ctrd.Cleanup(ctx, ctrd.Options{Address: c.Address, Namespace: c.Namespace, Runtime: c.Runtime, ID: c.ID}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := unmountAll(r.Mounts); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := os.RemoveAll(filepath.Join(stateDir, kataDir)); err != nil {
+		return fmt.Errorf("remove the kata bundle: %w", err)
+	}
+	return os.Remove(filepath.Join(stateDir, recordFile))
+}
+
+// identifier makes s a containerd identifier (letters, digits, ._-).
+func identifier(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+			return r
+		}
+		return '-'
+	}, s)
+}
