@@ -42,6 +42,9 @@
 #   SELECT_TYPE_PARAMETERS=CR_Core_Memory  (e.g. CR_Core: Slurm allocates no
 #                        memory; DefMemPerCPU is then not written)
 #   SLURM_DEBUG=info     SlurmctldDebug/SlurmdDebug level
+#   CONSTRAIN_DEVICES=yes  cgroup.conf's ConstrainDevices (no: the Kata driver's
+#                        runc stand-in, whose own wildcard mknod device rules a
+#                        Slurm-constrained devices cgroup refuses)
 #   UP_TIMEOUT=60        seconds to wait for the node to become idle
 #   TEST_USER=microvmtest  non-root user created for end-to-end tests
 #   ACCOUNTING=1         also start a private MariaDB (datadir, socket and
@@ -458,7 +461,7 @@ if [[ $CG == v1 ]]; then
 CgroupPlugin=cgroup/v1
 ConstrainCores=yes
 ConstrainRAMSpace=yes
-ConstrainDevices=yes
+ConstrainDevices=${CONSTRAIN_DEVICES:-yes}
 EOF
 else
 	cat >"$STATE/etc/cgroup.conf" <<EOF
@@ -466,7 +469,7 @@ CgroupPlugin=cgroup/v2
 IgnoreSystemd=yes
 ConstrainCores=yes
 ConstrainRAMSpace=yes
-ConstrainDevices=yes
+ConstrainDevices=${CONSTRAIN_DEVICES:-yes}
 EOF
 fi
 

@@ -45,6 +45,9 @@ const (
 
 // Env is what every end-to-end test gets.
 type Env struct {
+	// baseConfig is the microvm.toml of every test (WriteConfig).
+	baseConfig string
+
 	C         *cluster.Cluster
 	Launcher  string // installed slurm-microvm
 	Config    string // its microvm.toml
@@ -141,10 +144,10 @@ scratch_base = %q
 `, RuntimeDir, CacheDir, filepath.Join(bin, "slurm-microvm-agent"), filepath.Join(cluster.DefaultDir, "etc", "gres.conf"),
 		GPUDriverRoot, GPUDriverParams,
 		DataDir, filepath.Join(DataDir, "rw"), ScratchDir)
-	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+	e := &Env{Launcher: filepath.Join(bin, "slurm-microvm"), Config: cfg, Agent: filepath.Join(bin, "slurm-microvm-agent"), ImageName: "Microvm E2E Busybox", baseConfig: conf}
+	if err := e.WriteConfig("", ""); err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{Launcher: filepath.Join(bin, "slurm-microvm"), Config: cfg, Agent: filepath.Join(bin, "slurm-microvm-agent"), ImageName: "Microvm E2E Busybox"}
 	if b, err := exec.Command(e.Launcher, "--config", cfg, "config", "check").CombinedOutput(); err != nil {
 		t.Fatalf("config check: %v\n%s", err, b)
 	}
@@ -197,6 +200,18 @@ scratch_base = %q
 	}
 	e.TestUID, _ = strconv.Atoi(u.Uid)
 	return e
+}
+
+// WriteConfig replaces the cluster's microvm.toml by the tests' one with
+// top (top-level keys, e.g. runtime = "kata") before it and tables (more
+// tables) after it, renamed into place: the next step reads it.
+func (e *Env) WriteConfig(top, tables string) error {
+	conf := top + "\n" + e.baseConfig + tables
+	tmp := e.Config + ".tmp"
+	if err := os.WriteFile(tmp, []byte(conf), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, e.Config)
 }
 
 // Nodes are the cluster's node names (cluster.Cluster.Nodes): one, or n1
@@ -315,7 +330,7 @@ func (e *Env) Scope() residue.Scope {
 		// programs of a shared development host make (unset in CI).
 		TmpIgnore: filepath.SplitList(os.Getenv("SMV_RESIDUE_TMP_IGNORE")),
 		CacheDir:  CacheDir,
-		Programs:  []string{"qemu-system-x86_64", "virtiofsd", e.Launcher},
+		Programs:  []string{"qemu-system-x86_64", "virtiofsd", e.Launcher, "containerd-shim-runc-v2", "containerd-shim-kata-v2", "runc"},
 		NetNS:     e.C.NodeNetNSPaths(),
 	}
 }
