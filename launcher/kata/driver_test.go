@@ -177,4 +177,3 @@ func mountsUnder(t *testing.T, dir string) []string {
 	}
 	return out
 }
-

@@ -32,16 +32,16 @@ import (
 )
 
 type sandbox struct {
-	d      *Driver
-	cfg    driver.SandboxConfig
-	log    *slog.Logger
-	svc    taskapi.Service
-	sh     *shim.Shim // mode shim
-	pid    int        // the shim's pid (mode shim), else the init's
-	b      *broker
-	l      net.Listener
-	done   chan struct{}
-	once   sync.Once
+	d        *Driver
+	cfg      driver.SandboxConfig
+	log      *slog.Logger
+	svc      taskapi.Service
+	sh       *shim.Shim // mode shim
+	pid      int        // the shim's pid (mode shim), else the init's
+	b        *broker
+	l        net.Listener
+	done     chan struct{}
+	once     sync.Once
 	stopping atomic.Bool
 }
 
@@ -412,4 +412,3 @@ func stepCgroup() (string, error) {
 	}
 	return base, nil
 }
-
