@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -29,6 +30,10 @@ import (
 
 // maxRead bounds one ReadOutput (the agent API's limit).
 const maxRead = 1 << 20
+
+// stdinOpenWait bounds how long closing stdin waits for the shim to open
+// its end of the FIFO.
+const stdinOpenWait = 10 * time.Second
 
 // broker serves the guest agent's API (launcher/agent/api) on the step's
 // control socket and carries each call out through the task API: a task
@@ -51,14 +56,65 @@ type broker struct {
 }
 
 type proc struct {
-	execID         string
-	dir            string
-	stdin          *os.File
-	stdout, stderr *os.File
-	stdinOnce      sync.Once
-	waitOnce       sync.Once
-	exit           taskapi.Exit
-	waitErr        error
+	execID                string
+	dir                   string
+	stdin, stdout, stderr *fifoEnd
+	stdinOnce             sync.Once
+	waitOnce              sync.Once
+	exit                  taskapi.Exit
+	waitErr               error
+}
+
+// fifoEnd is this side's end of one stdio FIFO, opened blocking in the
+// background: the open returns once the shim opened its end. Neither side
+// ever holds both ends, so output ends (EOF) when the shim closes its end,
+// and nothing written to stdin is lost to a shim that opens its end late
+// (the runc shim opens it in the background after Start).
+type fifoEnd struct {
+	path  string
+	flag  int
+	ready chan struct{}
+	f     *os.File
+	err   error
+}
+
+func openFifo(path string, flag int) *fifoEnd {
+	e := &fifoEnd{path: path, flag: flag, ready: make(chan struct{})}
+	go func() {
+		e.f, e.err = os.OpenFile(path, flag, 0)
+		close(e.ready)
+	}()
+	return e
+}
+
+// get waits (bounded by ctx) until the shim opened its end.
+func (e *fifoEnd) get(ctx context.Context) (*os.File, error) {
+	select {
+	case <-e.ready:
+		return e.f, e.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// close closes this end; an open still waiting for the shim is released
+// by opening the other end without blocking (and closing it at once).
+func (e *fifoEnd) close() {
+	select {
+	case <-e.ready:
+	default:
+		other := os.O_WRONLY
+		if e.flag&(os.O_WRONLY|os.O_RDWR) != 0 {
+			other = os.O_RDONLY
+		}
+		if f, err := os.OpenFile(e.path, other|unix.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+		<-e.ready
+	}
+	if e.f != nil {
+		e.f.Close()
+	}
 }
 
 var _ api.AgentService = (*broker)(nil)
@@ -137,10 +193,6 @@ func (b *broker) CreateProcess(ctx context.Context, req *api.CreateProcessReques
 		}
 		return nil, status.Errorf(codes.Internal, "start %s in the sandbox: %v", argv[0], err)
 	}
-	if err := p.reopenOutput(&io); err != nil {
-		p.close()
-		return nil, status.Errorf(codes.Internal, "stdio of %s: %v", argv[0], err)
-	}
 	for _, sig := range req.PendingSignals {
 		if err := b.svc.Kill(ctx, id, syscall.Signal(sig), false); err != nil {
 			b.log.Warn("deliver a signal that came during boot", "signal", sig, "err", err)
@@ -164,8 +216,7 @@ func notFound(err error) bool {
 }
 
 // open makes the process's FIFOs (root's, 0600, in a root-only directory)
-// and opens this side's ends without blocking: stdin for writing, the
-// output FIFOs read-write for now (reopenOutput).
+// and starts opening this side's ends (openFifo).
 func (p *proc) open(io *taskapi.IO) error {
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
 		return err
@@ -179,47 +230,22 @@ func (p *proc) open(io *taskapi.IO) error {
 		if err := unix.Mkfifo(path, 0o600); err != nil {
 			return fmt.Errorf("mkfifo %s: %w", path, err)
 		}
-		f, err := os.OpenFile(path, os.O_RDWR|unix.O_NONBLOCK, 0)
-		if err != nil {
-			return err
-		}
 		switch n {
 		case "stdin":
-			io.Stdin, p.stdin = path, f
+			io.Stdin, p.stdin = path, openFifo(path, os.O_WRONLY)
 		case "stdout":
-			io.Stdout, p.stdout = path, f
+			io.Stdout, p.stdout = path, openFifo(path, os.O_RDONLY)
 		case "stderr":
-			io.Stderr, p.stderr = path, f
+			io.Stderr, p.stderr = path, openFifo(path, os.O_RDONLY)
 		}
-	}
-	return nil
-}
-
-// reopenOutput, once the shim holds the output FIFOs' write ends (the
-// process started), swaps this side's read-write ends for read-only ones:
-// a read then ends (EOF) when the shim closes its end.
-func (p *proc) reopenOutput(io *taskapi.IO) error {
-	for _, x := range []struct {
-		path string
-		f    **os.File
-	}{{io.Stdout, &p.stdout}, {io.Stderr, &p.stderr}} {
-		if x.path == "" {
-			continue
-		}
-		r, err := os.OpenFile(x.path, os.O_RDONLY|unix.O_NONBLOCK, 0)
-		if err != nil {
-			return err
-		}
-		(*x.f).Close()
-		*x.f = r
 	}
 	return nil
 }
 
 func (p *proc) close() {
-	for _, f := range []*os.File{p.stdin, p.stdout, p.stderr} {
-		if f != nil {
-			f.Close()
+	for _, e := range []*fifoEnd{p.stdin, p.stdout, p.stderr} {
+		if e != nil {
+			e.close()
 		}
 	}
 	_ = os.RemoveAll(p.dir)
@@ -243,7 +269,11 @@ func (b *broker) WriteStdin(ctx context.Context, req *api.WriteStdinRequest) (*a
 	if len(req.Data) > maxRead {
 		return nil, status.Errorf(codes.InvalidArgument, "stdin chunk of %d bytes exceeds %d", len(req.Data), maxRead)
 	}
-	n, err := p.stdin.Write(req.Data)
+	f, err := p.stdin.get(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "stdin: %v", err)
+	}
+	n, err := f.Write(req.Data)
 	if err != nil {
 		return &api.WriteStdinResponse{Len: uint32(n)}, status.Errorf(codes.FailedPrecondition, "stdin: %v", err)
 	}
@@ -257,7 +287,12 @@ func (b *broker) CloseStdin(ctx context.Context, req *api.ProcessRequest) (*api.
 	}
 	var cerr error
 	p.stdinOnce.Do(func() {
-		p.stdin.Close()
+		// The shim must hold its end first, or its late open would wait
+		// for a writer that never comes.
+		wctx, cancel := context.WithTimeout(ctx, stdinOpenWait)
+		_, _ = p.stdin.get(wctx)
+		cancel()
+		p.stdin.close()
 		cerr = b.svc.CloseIO(ctx, p.execID)
 	})
 	if cerr != nil {
@@ -271,12 +306,16 @@ func (b *broker) ReadOutput(ctx context.Context, req *api.ReadOutputRequest) (*a
 	if err != nil {
 		return nil, err
 	}
-	f := p.stdout
+	e := p.stdout
 	if req.Stream == api.Stream_STDERR {
-		f = p.stderr
+		e = p.stderr
 	}
-	if f == nil {
+	if e == nil {
 		return &api.ReadOutputResponse{Eof: true}, nil
+	}
+	f, err := e.get(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "output: %v", err)
 	}
 	n := int(req.Len)
 	if n <= 0 || n > maxRead {

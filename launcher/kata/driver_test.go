@@ -108,6 +108,8 @@ func TestSandboxWithRuncShim(t *testing.T) {
 		{name: "exit code", argv: []string{"sh", "-c", "exit 3"}, code: 3},
 		{name: "killed by a signal", argv: []string{"sh", "-c", "kill -KILL $$"}, code: 137, signal: 9},
 		{name: "stdin to EOF", argv: []string{"cat"}, stdin: "line\n", out: "line\n"},
+		{name: "empty stdin ends cat", argv: []string{"sh", "-c", "cat; echo DONE"}, out: "DONE\n"},
+		{name: "output relayed whole", argv: []string{"sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x; echo"}, out: strings.Repeat("x", 3000000) + "\n"},
 		{name: "read-only share", argv: []string{"sh", "-c", "touch /data/x 2>/dev/null && echo WROTE || echo REFUSED"}, out: "REFUSED\n"},
 	}
 	for _, tt := range tests {
