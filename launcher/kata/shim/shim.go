@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -75,6 +77,9 @@ type Record struct {
 	Events string `json:"events"`
 	// Socket is the unix socket the shim serves the task API on.
 	Socket string `json:"socket"`
+	// DebugSocket is the second socket a shim built on containerd 2.x
+	// serves when started with -debug (debugSocket); "" without -debug.
+	DebugSocket string `json:"debug_socket,omitempty"`
 	// Version is the task API version the shim serves (2 or 3).
 	Version int `json:"version"`
 	// Pid is the serving shim's pid and StartTime its start time (clock
@@ -151,6 +156,19 @@ func (o *Options) check() error {
 	return nil
 }
 
+// shimSocketDir is where shims built on containerd's shim library put
+// their sockets (containerd defaults.DefaultStateDir + "/s").
+const shimSocketDir = "/run/containerd/s"
+
+// debugSocket is the path of the debug socket a containerd 2.x shim
+// serves with -debug: sha256 of <address>/<namespace>/<id>/debug under
+// shimSocketDir (containerd pkg/shim CreateSocketAddress). The shim
+// removes it when it exits cleanly, not when it is killed.
+func debugSocket(address, namespace, id string) string {
+	d := sha256.Sum256([]byte(filepath.Join(address, namespace, id, "debug")))
+	return filepath.Join(shimSocketDir, hex.EncodeToString(d[:]))
+}
+
 func addressPath(stateDir string) string { return filepath.Join(stateDir, "containerd.sock") }
 func eventsPath(stateDir string) string  { return addressPath(stateDir) + ".ttrpc" }
 
@@ -212,9 +230,17 @@ func Start(ctx context.Context, o Options) (*Shim, error) {
 	ok := false
 	defer func() {
 		if !ok && s.rec.Pid == 0 {
-			// Not known to be a shim this Start started: leave it.
+			// Not known to be a shim this Start started: leave it, but
+			// remove its socket if no one serves it (it died at start).
 			s.release()
 			_ = os.Remove(filepath.Join(o.Bundle, "log"))
+			for _, p := range []string{s.rec.Socket, s.rec.DebugSocket} {
+				if c, err := net.DialTimeout("unix", p, time.Second); p != "" && err != nil {
+					_ = os.Remove(p)
+				} else if err == nil {
+					c.Close()
+				}
+			}
 		} else if !ok {
 			s.release()
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -232,6 +258,9 @@ func Start(ctx context.Context, o Options) (*Shim, error) {
 		return nil, err
 	}
 	debug := log.Enabled(ctx, slog.LevelDebug)
+	if debug {
+		s.rec.DebugSocket = debugSocket(rec.Address, o.Namespace, o.ID)
+	}
 	params, err := bootstrapParams(o.ID, o.Namespace, rec.Address, rec.Events, debug)
 	if err != nil {
 		return nil, err
@@ -437,8 +466,11 @@ func (s *Shim) shutdown(ctx context.Context) error {
 		return err
 	}
 	s.release()
-	_ = os.Remove(s.rec.Socket)
-	_ = os.Remove(filepath.Join(s.rec.Bundle, "log"))
+	for _, p := range []string{s.rec.Socket, s.rec.DebugSocket, filepath.Join(s.rec.Bundle, "log")} {
+		if p != "" {
+			_ = os.Remove(p)
+		}
+	}
 	return nil
 }
 
