@@ -46,10 +46,7 @@ const cleanupStepWait = 10 * time.Second
 // e.g. a crash between Start and Create). log (nil: discarded) gets what
 // was done.
 func Cleanup(ctx context.Context, r Record, log *slog.Logger) error {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	log = log.With("shim", r.ID, "pid", r.Pid)
+	log = orDiscard(log).With("shim", r.ID, "pid", r.Pid)
 	var errs []error
 	begin, err := bootTicks()
 	if err != nil {
