@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -35,17 +36,17 @@ const cleanupStepWait = 10 * time.Second
 //  3. SIGKILL the recorded shim pid if it is still that process (start
 //     time; through a pidfd, so a reused pid is never signalled) and wait
 //     for it to end.
-//  4. Remove the shim's socket (and its .debug twin), the events socket
+//  4. Remove the shim's socket (and its debug socket), the events socket
 //     and <bundle>/log.
 //
 // It is idempotent: on a removed shim it does nothing and returns nil. It
-// returns the errors of steps 2 and 3 (step 2's only when step 1 did not
-// run), joined; log (nil: discarded) gets what was done.
+// returns the errors of steps 2 to 4, joined: step 2's only when step 1
+// did not delete the container and the shim's delete did not fail for
+// lack of state ("no such file or directory": no container was created,
+// e.g. a crash between Start and Create). log (nil: discarded) gets what
+// was done.
 func Cleanup(ctx context.Context, r Record, log *slog.Logger) error {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	log = log.With("shim", r.ID, "pid", r.Pid)
+	log = orDiscard(log).With("shim", r.ID, "pid", r.Pid)
 	var errs []error
 	begin, err := bootTicks()
 	if err != nil {
@@ -87,6 +88,10 @@ func Cleanup(ctx context.Context, r Record, log *slog.Logger) error {
 			log.Debug("shim delete done")
 		case live:
 			log.Debug("shim delete after the container was deleted", "err", err)
+		case strings.Contains(err.Error(), "no such file or directory"):
+			// The shim keeps no state of a container of the id (never
+			// created, or already cleaned up): nothing to delete.
+			log.Debug("shim delete: no container state", "err", err)
 		default:
 			errs = append(errs, fmt.Errorf("clean up the container %s of a shim that is gone: %w", r.ID, err))
 		}
@@ -106,8 +111,8 @@ func Cleanup(ctx context.Context, r Record, log *slog.Logger) error {
 		unix.Close(fd)
 	}
 
-	for _, p := range []string{r.Socket, r.Socket + ".debug", r.Events, filepath.Join(r.Bundle, "log")} {
-		if p == "" || p == ".debug" || p == "log" {
+	for _, p := range []string{r.Socket, r.DebugSocket, r.Events, filepath.Join(r.Bundle, "log")} {
+		if p == "" || p == "log" {
 			continue
 		}
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -80,6 +80,14 @@
 // subreaper): Cleanup reaps those zombies while the shim's delete runs
 // (runc delete --force waits for them).
 //
+// Stdin. The runc shim holds a write end of a process's stdin FIFO (so
+// that EOF comes only from CloseIO) and opens its read end in the
+// background. A caller that writes, closes its end and calls CloseIO
+// before that open has happened loses the data and the process never sees
+// EOF (seen under load with the 2.4 runc shim). So a caller closes its
+// write end, then calls CloseIO, only once the process has consumed input
+// (its output shows it); a process with no input gets no Stdin FIFO.
+//
 // A clean environment. The shim gets PATH (a fixed system PATH unless
 // Options.Env sets one), TTRPC_ADDRESS, GRPC_ADDRESS, NAMESPACE and
 // Options.Env, not the launcher's environment, which a job may influence.

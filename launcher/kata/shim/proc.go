@@ -159,3 +159,17 @@ func reapAdopted(since, before uint64) int {
 	}
 	return n
 }
+
+// bootTicks returns the time since boot in clock ticks (USER_HZ, 100 on
+// Linux: the unit of /proc/<pid>/stat starttime), rounded down.
+func bootTicks() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0, fmt.Errorf("read CLOCK_BOOTTIME: %w", err)
+	}
+	return uint64(ts.Nano()) / (1e9 / userHZ), nil
+}
+
+// userHZ is the clock tick of /proc (USER_HZ), 100 on every Linux ABI
+// this runs on (sysconf(_SC_CLK_TCK)).
+const userHZ = 100

@@ -1,9 +1,10 @@
 package shim
 
 import (
-	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +20,6 @@ import (
 
 	task "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/ttrpc"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/kata/taskapi"
@@ -75,6 +75,9 @@ type Record struct {
 	Events string `json:"events"`
 	// Socket is the unix socket the shim serves the task API on.
 	Socket string `json:"socket"`
+	// DebugSocket is the second socket a shim built on containerd 2.x
+	// serves when started with -debug (debugSocket); "" without -debug.
+	DebugSocket string `json:"debug_socket,omitempty"`
 	// Version is the task API version the shim serves (2 or 3).
 	Version int `json:"version"`
 	// Pid is the serving shim's pid and StartTime its start time (clock
@@ -151,6 +154,19 @@ func (o *Options) check() error {
 	return nil
 }
 
+// shimSocketDir is where shims built on containerd's shim library put
+// their sockets (containerd defaults.DefaultStateDir + "/s").
+const shimSocketDir = "/run/containerd/s"
+
+// debugSocket is the path of the debug socket a containerd 2.x shim
+// serves with -debug: sha256 of <address>/<namespace>/<id>/debug under
+// shimSocketDir (containerd pkg/shim CreateSocketAddress). The shim
+// removes it when it exits cleanly, not when it is killed.
+func debugSocket(address, namespace, id string) string {
+	d := sha256.Sum256([]byte(filepath.Join(address, namespace, id, "debug")))
+	return filepath.Join(shimSocketDir, hex.EncodeToString(d[:]))
+}
+
 func addressPath(stateDir string) string { return filepath.Join(stateDir, "containerd.sock") }
 func eventsPath(stateDir string) string  { return addressPath(stateDir) + ".ttrpc" }
 
@@ -176,10 +192,7 @@ func eventsPath(stateDir string) string  { return addressPath(stateDir) + ".ttrp
 // returns an error naming it. On error after the shim started, Start
 // removes it (Cleanup). The shim outlives ctx: ctx bounds Start only.
 func Start(ctx context.Context, o Options) (*Shim, error) {
-	log := o.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := orDiscard(o.Logger)
 	if err := o.check(); err != nil {
 		return nil, err
 	}
@@ -212,9 +225,17 @@ func Start(ctx context.Context, o Options) (*Shim, error) {
 	ok := false
 	defer func() {
 		if !ok && s.rec.Pid == 0 {
-			// Not known to be a shim this Start started: leave it.
+			// Not known to be a shim this Start started: leave it, but
+			// remove its socket if no one serves it (it died at start).
 			s.release()
 			_ = os.Remove(filepath.Join(o.Bundle, "log"))
+			for _, p := range []string{s.rec.Socket, s.rec.DebugSocket} {
+				if c, err := net.DialTimeout("unix", p, time.Second); p != "" && err != nil {
+					_ = os.Remove(p)
+				} else if err == nil {
+					c.Close()
+				}
+			}
 		} else if !ok {
 			s.release()
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -232,6 +253,9 @@ func Start(ctx context.Context, o Options) (*Shim, error) {
 		return nil, err
 	}
 	debug := log.Enabled(ctx, slog.LevelDebug)
+	if debug {
+		s.rec.DebugSocket = debugSocket(rec.Address, o.Namespace, o.ID)
+	}
 	params, err := bootstrapParams(o.ID, o.Namespace, rec.Address, rec.Events, debug)
 	if err != nil {
 		return nil, err
@@ -271,38 +295,6 @@ func Start(ctx context.Context, o Options) (*Shim, error) {
 	return s, nil
 }
 
-// openLog creates <bundle>/log (a FIFO) and opens it read-write, so that
-// opening never blocks and the shim's writes never see a missing reader;
-// a goroutine passes its lines to the logger.
-func (s *Shim) openLog() error {
-	p := filepath.Join(s.rec.Bundle, "log")
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove the stale shim log %s: %w", p, err)
-	}
-	if err := unix.Mkfifo(p, 0o600); err != nil {
-		return fmt.Errorf("create the shim log FIFO %s: %w", p, err)
-	}
-	f, err := os.OpenFile(p, os.O_RDWR, 0)
-	if err != nil {
-		return fmt.Errorf("open the shim log FIFO %s: %w", p, err)
-	}
-	s.logf, s.logEnd = f, make(chan struct{})
-	go func() {
-		defer close(s.logEnd)
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			lvl := slog.LevelDebug
-			if strings.Contains(line, "level=error") || strings.Contains(line, "level=fatal") || strings.Contains(line, "level=warn") {
-				lvl = slog.LevelWarn
-			}
-			s.log.Log(context.Background(), lvl, "shim log", "line", line)
-		}
-	}()
-	return nil
-}
-
 // run runs `<binary> <flags> action` in the bundle and returns its stdout.
 func (s *Shim) run(ctx context.Context, action string, debug bool, stdin io.Reader, env []string) ([]byte, error) {
 	return runShim(ctx, s.rec, action, debug, stdin, env)
@@ -334,83 +326,6 @@ func runShim(ctx context.Context, r Record, action string, debug bool, stdin io.
 	return stdout.Bytes(), nil
 }
 
-// verify checks that the shim behind the socket is the one Start just
-// started, records its pid and start time, and starts reaping it.
-//
-// A shim whose socket name (a hash of address, namespace and id) is taken
-// by a live shim prints that shim's address and exits: a reused triple
-// silently connects to the first sandbox. Three checks refuse it: the
-// serving shim must be this process's child (a daemonized shim is
-// reparented to its starter's subreaper, which another launcher's is not),
-// its working directory must be Bundle (the start helper runs there and
-// its daemon inherits it), and it must have started after since (clock
-// ticks after boot, taken before the start helper ran). State of the id
-// then must answer NotFound: a fresh shim has no container yet.
-func (s *Shim) verify(ctx context.Context, since uint64) error {
-	r, err := s.client.connect(ctx)
-	if err != nil {
-		return err
-	}
-	pid := int(r.GetShimPid())
-	st, err := readProcStat(pid)
-	if err != nil {
-		return fmt.Errorf("shim %s answers with pid %d: %w", s.rec.ID, pid, err)
-	}
-	cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
-	if err != nil {
-		return fmt.Errorf("read the working directory of shim pid %d: %w", pid, err)
-	}
-	other := ""
-	switch {
-	case st.PPid != os.Getpid():
-		other = fmt.Sprintf("its parent is %d, not this process (%d)", st.PPid, os.Getpid())
-	case cwd != s.rec.Bundle:
-		other = fmt.Sprintf("it runs in %s, not in the bundle %s", cwd, s.rec.Bundle)
-	case st.StartTime < since:
-		other = fmt.Sprintf("it started at tick %d, before this Start (tick %d)", st.StartTime, since)
-	}
-	if other != "" {
-		return fmt.Errorf("shim %s at %s is pid %d, and %s: it is a shim started before, for another sandbox (the address %s must be unique per sandbox: give each step its own state directory)",
-			s.rec.ID, s.rec.Socket, pid, other, s.rec.Address)
-	}
-	// The shim is this process's child: its pid cannot be reused before
-	// this process reaps it, so the pidfd names it.
-	proc, err := os.FindProcess(pid)
-	if err != nil {
-		return fmt.Errorf("find shim pid %d: %w", pid, err)
-	}
-	s.rec.Pid, s.rec.StartTime = pid, st.StartTime
-	go func() {
-		ps, err := proc.Wait()
-		if err != nil {
-			s.log.Warn("reap the shim", "pid", pid, "err", err)
-		} else {
-			s.log.Debug("shim exited", "pid", pid, "status", ps.String())
-		}
-		close(s.exited)
-	}()
-	if _, err := s.client.state(ctx, ""); err == nil {
-		return fmt.Errorf("shim %s at %s already has a container %s before Create: it is another sandbox's shim (the address %s must be unique per sandbox)", s.rec.ID, s.rec.Socket, s.rec.ID, s.rec.Address)
-	} else if !notFound(err) {
-		return err
-	}
-	return nil
-}
-
-// bootTicks returns the time since boot in clock ticks (USER_HZ, 100 on
-// Linux: the unit of /proc/<pid>/stat starttime), rounded down.
-func bootTicks() (uint64, error) {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
-		return 0, fmt.Errorf("read CLOCK_BOOTTIME: %w", err)
-	}
-	return uint64(ts.Nano()) / (1e9 / userHZ), nil
-}
-
-// userHZ is the clock tick of /proc (USER_HZ), 100 on every Linux ABI
-// this runs on (sysconf(_SC_CLK_TCK)).
-const userHZ = 100
-
 // shutdown asks the shim to exit and waits for it (see service.Shutdown).
 func (s *Shim) shutdown(ctx context.Context) error {
 	var err error
@@ -437,8 +352,11 @@ func (s *Shim) shutdown(ctx context.Context) error {
 		return err
 	}
 	s.release()
-	_ = os.Remove(s.rec.Socket)
-	_ = os.Remove(filepath.Join(s.rec.Bundle, "log"))
+	for _, p := range []string{s.rec.Socket, s.rec.DebugSocket, filepath.Join(s.rec.Bundle, "log")} {
+		if p != "" {
+			_ = os.Remove(p)
+		}
+	}
 	return nil
 }
 
@@ -457,4 +375,12 @@ func (s *Shim) release() {
 			<-s.logEnd
 		}
 	})
+}
+
+// orDiscard is log, or a logger that discards when log is nil.
+func orDiscard(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return log
 }

@@ -25,7 +25,14 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
+// noSubreaperEnv makes TestMain leave the test process a plain process
+// (TestStartNeedsSubreaper's child).
+const noSubreaperEnv = "SMV_SHIM_TEST_NO_SUBREAPER"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(noSubreaperEnv) == "1" {
+		os.Exit(m.Run())
+	}
 	if err := BecomeSubreaper(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -128,7 +135,13 @@ func newSandbox(t *testing.T, id string) sandbox {
 	if id == "" {
 		id = fmt.Sprintf("t%d-%d", os.Getpid(), seq.Add(1))
 	}
-	base := t.TempDir()
+	// Not t.TempDir: the test names make its path too long for the
+	// sockets in the state directory.
+	base, err := os.MkdirTemp("", "smv-shim-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
 	sb := sandbox{id: id, ns: testNamespace, base: base, bundle: filepath.Join(base, id), state: filepath.Join(base, "state")}
 	rootfs := filepath.Join(sb.bundle, "rootfs")
 	for _, d := range []string{filepath.Join(rootfs, "bin"), filepath.Join(rootfs, "proc"), filepath.Join(rootfs, "dev"), filepath.Join(rootfs, "tmp"), sb.state} {
@@ -218,18 +231,40 @@ func fifo(t *testing.T, dir, name string) string {
 
 func readFifo(t *testing.T, p string) <-chan string {
 	t.Helper()
+	var buf fixture.SyncBuffer
+	done := streamFifo(p, &buf)
 	ch := make(chan string, 1)
+	go func() { <-done; ch <- buf.String() }()
+	return ch
+}
+
+// streamFifo opens the FIFO p for reading in the background (the open
+// waits for the shim's write end) and copies it into buf; done is closed
+// at EOF.
+func streamFifo(p string, buf *fixture.SyncBuffer) <-chan struct{} {
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		f, err := os.Open(p)
 		if err != nil {
-			ch <- "open: " + err.Error()
+			fmt.Fprintf(buf, "open: %v", err)
 			return
 		}
 		defer f.Close()
-		b, _ := io.ReadAll(f)
-		ch <- string(b)
+		_, _ = io.Copy(buf, f)
 	}()
-	return ch
+	return done
+}
+
+// waitFor waits up to 10 s for buf to contain want.
+func waitFor(t *testing.T, buf *fixture.SyncBuffer, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if strings.Contains(buf.String(), want) {
+			return
+		}
+	}
+	t.Fatalf("output %q: no %q after 10 s", buf.String(), want)
 }
 
 func recv(t *testing.T, ch <-chan string, what string) string {
@@ -259,7 +294,10 @@ func assertGone(t *testing.T, r Record, sb sandbox) {
 		unix.Close(fd)
 		t.Errorf("shim pid %d still runs", r.Pid)
 	}
-	for _, p := range []string{r.Socket, r.Events, runcState(sb), filepath.Join(sb.bundle, "log")} {
+	for _, p := range []string{r.Socket, r.DebugSocket, r.Events, runcState(sb), filepath.Join(sb.bundle, "log")} {
+		if p == "" {
+			continue
+		}
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s is left (%v)", p, err)
 		}
@@ -268,6 +306,13 @@ func assertGone(t *testing.T, r Record, sb sandbox) {
 
 // startInit starts a shim, creates the container and starts its init.
 func startInit(t *testing.T, ctx context.Context, ts testShim, sb sandbox) (*Shim, taskapi.Service) {
+	t.Helper()
+	s := startShim(t, ctx, ts, sb)
+	return s, createInit(t, ctx, s, sb)
+}
+
+// startShim starts a shim for sb and removes it at the end of the test.
+func startShim(t *testing.T, ctx context.Context, ts testShim, sb sandbox) *Shim {
 	t.Helper()
 	s, err := Start(ctx, sb.options(ts.binary(t), testLogger(t)))
 	if err != nil {
@@ -281,6 +326,19 @@ func startInit(t *testing.T, ctx context.Context, ts testShim, sb sandbox) (*Shi
 	if got := s.Record().Version; got != ts.version {
 		t.Errorf("task API version = %d, want %d", got, ts.version)
 	}
+	// A 2.x shim with -debug (the test logger is at debug) serves a debug
+	// socket, which Cleanup must know to remove.
+	if ts.version == 3 {
+		if _, err := os.Stat(s.Record().DebugSocket); err != nil {
+			t.Errorf("the debug socket of the %s shim: %v", ts.name, err)
+		}
+	}
+	return s
+}
+
+// createInit creates the container of sb and starts its init.
+func createInit(t *testing.T, ctx context.Context, s *Shim, sb sandbox) taskapi.Service {
+	t.Helper()
 	svc := s.Service()
 	b, err := os.ReadFile(filepath.Join(sb.bundle, "config.json"))
 	if err != nil {
@@ -296,7 +354,7 @@ func startInit(t *testing.T, ctx context.Context, ts testShim, sb sandbox) (*Shi
 	if _, err := svc.Start(ctx, ""); err != nil {
 		t.Fatalf("Start init: %v", err)
 	}
-	return s, svc
+	return svc
 }
 
 func rssKiB(t *testing.T, pid int) int {
@@ -352,17 +410,21 @@ func TestLifecycle(t *testing.T) {
 				name     string
 				proc     *specs.Process
 				terminal bool
-				drive    func(t *testing.T, id string, stdin *os.File)
+				drive    func(t *testing.T, id string, stdin *os.File, out *fixture.SyncBuffer)
 				status   uint32
 				want     string // in stdout
 			}{
 				{
 					name: "stdin EOF by CloseIO",
 					proc: process(false, "cat"),
-					drive: func(t *testing.T, id string, stdin *os.File) {
+					drive: func(t *testing.T, id string, stdin *os.File, out *fixture.SyncBuffer) {
 						if _, err := stdin.WriteString("hello\n"); err != nil {
 							t.Fatal(err)
 						}
+						// The runc shim opens its read end of the FIFO in
+						// the background; data lost if the last writer
+						// goes first. Seeing the echo proves it is open.
+						waitFor(t, out, "hello")
 						// The shim holds a write end of the FIFO too (so
 						// that a caller reopening it gives no EOF): the
 						// process sees EOF only after CloseIO.
@@ -377,7 +439,7 @@ func TestLifecycle(t *testing.T) {
 					name:     "terminal and ResizePty",
 					proc:     process(true, "sh", "-c", "read x; stty size"),
 					terminal: true,
-					drive: func(t *testing.T, id string, stdin *os.File) {
+					drive: func(t *testing.T, id string, stdin *os.File, _ *fixture.SyncBuffer) {
 						if err := svc.ResizePty(ctx, id, 91, 27); err != nil {
 							t.Fatalf("ResizePty: %v", err)
 						}
@@ -390,7 +452,7 @@ func TestLifecycle(t *testing.T) {
 				{
 					name: "SIGTERM of an exec",
 					proc: process(false, "sleep", "1000"),
-					drive: func(t *testing.T, id string, _ *os.File) {
+					drive: func(t *testing.T, id string, _ *os.File, _ *fixture.SyncBuffer) {
 						if err := svc.Kill(ctx, id, syscall.SIGTERM, false); err != nil {
 							t.Fatalf("Kill: %v", err)
 						}
@@ -403,7 +465,8 @@ func TestLifecycle(t *testing.T) {
 					id := fmt.Sprintf("e%d", i+2)
 					dir := t.TempDir()
 					in, out := fifo(t, dir, "in"), fifo(t, dir, "out")
-					outc := readFifo(t, out)
+					var outBuf fixture.SyncBuffer
+					outDone := streamFifo(out, &outBuf)
 					// Read-write: opening does not wait for the shim, and
 					// only CloseIO can give the process EOF.
 					stdin, err := os.OpenFile(in, os.O_RDWR, 0)
@@ -421,14 +484,19 @@ func TestLifecycle(t *testing.T) {
 					if _, err := svc.Start(ctx, id); err != nil {
 						t.Fatalf("Start: %v", err)
 					}
-					c.drive(t, id, stdin)
+					c.drive(t, id, stdin, &outBuf)
 					wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 					defer wcancel()
 					exit, err := svc.Wait(wctx, id)
 					if err != nil || exit.Status != c.status {
 						t.Errorf("Wait = %+v, %v; want status %d", exit, err, c.status)
 					}
-					if got := recv(t, outc, "stdout"); !strings.Contains(got, c.want) {
+					select {
+					case <-outDone:
+					case <-time.After(20 * time.Second):
+						t.Fatalf("stdout: no EOF after 20 s (so far %q)", outBuf.String())
+					}
+					if got := outBuf.String(); !strings.Contains(got, c.want) {
 						t.Errorf("stdout %q, want it to contain %q", got, c.want)
 					}
 					if _, err := svc.Delete(ctx, id); err != nil {
@@ -472,17 +540,25 @@ func TestLifecycle(t *testing.T) {
 // alone removes everything, and is idempotent.
 func TestCleanupAfterCrash(t *testing.T) {
 	for _, ts := range testShims {
-		for _, killShim := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/shim-killed=%v", ts.name, killShim), func(t *testing.T) {
+		for _, c := range []struct {
+			create, killShim bool
+		}{{true, false}, {true, true}, {false, false}, {false, true}} {
+			t.Run(fmt.Sprintf("%s/created=%v/shim-killed=%v", ts.name, c.create, c.killShim), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 				defer cancel()
 				sb := newSandbox(t, "")
-				s, svc := startInit(t, ctx, ts, sb)
-				if err := svc.Exec(ctx, "e1", process(false, "sleep", "1000"), taskapi.IO{}); err != nil {
-					t.Fatalf("Exec: %v", err)
-				}
-				if _, err := svc.Start(ctx, "e1"); err != nil {
-					t.Fatalf("Start exec: %v", err)
+				s := startShim(t, ctx, ts, sb)
+				if c.create {
+					svc := createInit(t, ctx, s, sb)
+					if err := svc.Exec(ctx, "e1", process(false, "sleep", "1000"), taskapi.IO{}); err != nil {
+						t.Fatalf("Exec: %v", err)
+					}
+					if _, err := svc.Start(ctx, "e1"); err != nil {
+						t.Fatalf("Start exec: %v", err)
+					}
+					if _, err := os.Stat(runcState(sb)); err != nil {
+						t.Fatalf("runc state before Cleanup: %v", err)
+					}
 				}
 				// What the driver persisted, through JSON.
 				b, err := json.Marshal(s.Record())
@@ -494,14 +570,11 @@ func TestCleanupAfterCrash(t *testing.T) {
 					t.Fatal(err)
 				}
 				s.release() // the crash: this process's ends close
-				if killShim {
+				if c.killShim {
 					if err := syscall.Kill(rec.Pid, syscall.SIGKILL); err != nil {
 						t.Fatal(err)
 					}
 					<-s.Exited()
-				}
-				if _, err := os.Stat(runcState(sb)); err != nil {
-					t.Fatalf("runc state before Cleanup: %v", err)
 				}
 				for i := range 2 {
 					if err := Cleanup(ctx, rec, testLogger(t)); err != nil {
@@ -662,5 +735,42 @@ func TestStartRefuses(t *testing.T) {
 				t.Errorf("Start: %v; want an error containing %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestStartNeedsSubreaper is pitfall 4: Start refuses to run a shim from a
+// process that is not a child subreaper (the daemonized shim would go to
+// PID 1, unreaped by the step). The test process is a subreaper
+// (TestMain), so the check runs in a child that is not.
+func TestStartNeedsSubreaper(t *testing.T) {
+	if os.Getenv(noSubreaperEnv) != "1" {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestStartNeedsSubreaper$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), noSubreaperEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestStartNeedsSubreaper") {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		return
+	}
+	if ok, err := isSubreaper(); err != nil || ok {
+		t.Fatalf("isSubreaper = %v, %v; want false in the child", ok, err)
+	}
+	dir := t.TempDir()
+	bundle := filepath.Join(dir, "job1")
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Start(context.Background(), Options{Binary: "true", ID: "job1", Namespace: "ns", Bundle: bundle, StateDir: dir})
+	if err == nil || !strings.Contains(err.Error(), "BecomeSubreaper") {
+		t.Fatalf("Start from a plain process: %v; want an error naming BecomeSubreaper", err)
+	}
+	if err := BecomeSubreaper(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := isSubreaper(); err != nil || !ok {
+		t.Fatalf("isSubreaper after BecomeSubreaper = %v, %v; want true", ok, err)
 	}
 }
