@@ -32,10 +32,17 @@
 //     inherits it): the mounts vanish with the shim, whatever kills it.
 //     Through containerd the shim is not our child, so the mounts are made
 //     on the host under the step's state and Cleanup unmounts them.
-//   - Shares are bind-mounted on the host side (read-only ones remounted
-//     read-only, nosuid, nodev) from the directories the launcher opened
-//     with the user's credentials, and the spec's mounts name those binds:
-//     read-only holds on the host whatever the guest or virtiofsd does.
+//   - linux.cgroupsPath is a child of the step's cgroup (kata-<step>), not
+//     the step's own: the runtime removes the cgroup it was given when the
+//     sandbox is deleted, and given the step's, slurmstepd found its step
+//     cgroup gone (measured with runc; TestE2EKata checks slurmd's log).
+//     Slurm signals only the step cgroup's own processes, so the sandbox
+//     ends by the supervisor's Stop and stop/gc's Cleanup.
+//   - Shares are attached on the host side as open_tree(2) clones of the
+//     directories the launcher opened with the user's credentials
+//     (read-only ones read-only, all nosuid and nodev), and the spec's
+//     mounts name those: read-only holds on the host whatever the guest or
+//     virtiofsd does.
 //   - PMI is refused: the task API carries stdio only, so PMI-2's PMI_FD
 //     and PMIx's server cannot reach the guest. A relay through the
 //     sandbox's network namespace would work for PMIx (TCP) but not for

@@ -66,6 +66,8 @@ func TestSandboxWithRuncShim(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := mountsUnder(t, tmp)
+	// runc's root of the namespace (runc makes it, never removes it).
+	t.Cleanup(func() { _ = os.Remove("/run/containerd/runc/smv-unit") })
 
 	d := kata.New(kata.Options{Mode: "shim", Shim: "/usr/bin/containerd-shim-runc-v2", Configuration: conf, Namespace: "smv-unit", Init: fixture.Agent(t), StopGrace: 2 * time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -85,7 +85,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	if err != nil {
 		return nil, err
 	}
-	cgroupsPath, err := stepCgroup()
+	cgroupsPath, err := stepCgroup(cfg.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +175,15 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		if err := spec(mounts); err != nil {
 			return fail(err)
 		}
-		svc, err := ctrd.Connect(ctx, ctrd.Options{Address: c.Address, Namespace: c.Namespace, Runtime: c.Runtime, ID: c.ID, ConfigPath: d.cfg.Path, Logger: log})
+		// Kata's shim takes its configuration as the runtime options
+		// (runtimeoptions.v1); another handler's shim refuses that type
+		// (the runc shim: "type with url runtimeoptions.v1.Options: not
+		// found"), and gets what containerd's own configuration says.
+		var confPath string
+		if strings.Contains(c.Runtime, "kata") {
+			confPath = d.cfg.Path
+		}
+		svc, err := ctrd.Connect(ctx, ctrd.Options{Address: c.Address, Namespace: c.Namespace, Runtime: c.Runtime, ID: c.ID, ConfigPath: confPath, Logger: log})
 		if err != nil {
 			return fail(err)
 		}
@@ -379,13 +387,20 @@ func groupFiles(devs []driver.PCIDevice) []string {
 	return out
 }
 
-// stepCgroup is linux.cgroupsPath for the sandbox: this process's cgroup
-// itself (the supervisor entered the step's: Slurm's .../job_J/step_S),
-// not a child of it: Slurm's proctrack/cgroup kills the processes of the
-// step cgroup's own cgroup.procs, and a process in a child cgroup
-// survived scancel (Slurm 22.05, cgroup v1, measured; launcher/kata/oci
-// doc.go). On cgroup v1 the memory controller's path counts (--mem).
-func stepCgroup() (string, error) {
+// stepCgroup is linux.cgroupsPath for the sandbox: a child of this
+// process's cgroup (the supervisor entered the step's: Slurm's
+// .../job_J/step_S), named after the sandbox, so that its memory counts
+// against the step's limit. Not the step's cgroup itself: the runtime
+// removes the cgroup it was given when the sandbox is deleted, and with
+// the step's own (measured with runc, which Kata's sandbox_cgroup_only
+// does alike) slurmstepd found its step cgroup gone ("_cgroup_procs_check:
+// failed on path .../step_0/cgroup.procs"). Slurm's proctrack/cgroup
+// signals only the step cgroup's own processes (a process in a child
+// cgroup survived scancel: launcher/kata/oci doc.go), so the sandbox ends
+// by the supervisor's Stop and by stop/gc's Cleanup, which the step's
+// end runs in every case. On cgroup v1 the memory controller's path
+// counts (--mem).
+func stepCgroup(id string) (string, error) {
 	b, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return "", fmt.Errorf("read this process's cgroup: %w", err)
@@ -410,5 +425,5 @@ func stepCgroup() (string, error) {
 	if base == "" {
 		return "", errors.New("this process is in no memory or unified cgroup: cannot place the sandbox under the step's")
 	}
-	return base, nil
+	return filepath.Join(base, "kata-"+identifier(id)), nil
 }

@@ -77,7 +77,11 @@ func TestE2EKata(t *testing.T) {
 		{"shim", fmt.Sprintf("[kata]\nmode = \"shim\"\nshim = \"/usr/bin/containerd-shim-runc-v2\"\nconfiguration = %q\nnamespace = \"smv-e2e\"\n", kataConf)},
 		{"containerd", fmt.Sprintf("[kata]\nmode = \"containerd\"\ncontainerd_address = %q\nruntime_handler = \"io.containerd.runc.v2\"\nconfiguration = %q\nnamespace = %q\n", ctrd.Address, kataConf, ctrd.Namespace)},
 	}
-	t.Cleanup(func() { _ = e.WriteConfig("", "") })
+	t.Cleanup(func() {
+		_ = e.WriteConfig("", "")
+		// runc's root of the namespace (runc makes it, never removes it).
+		_ = os.Remove("/run/containerd/runc/smv-e2e")
+	})
 	for _, m := range modes {
 		if err := e.WriteConfig(`runtime = "kata"`, m.tables); err != nil {
 			t.Fatal(err)
@@ -146,18 +150,49 @@ func TestE2EKata(t *testing.T) {
 				}
 			}
 		})
-		e.Run(t, m.name+": time limit ends the step and nothing is left", func(t *testing.T) {
-			if testing.Short() {
-				prereq.OptIn(t, "-short: waits for a one-minute time limit")
+	}
+	// Both paths at once: each waits a minute for its limit.
+	e.Run(t, "time limit ends the step on both paths and nothing is left", func(t *testing.T) {
+		if testing.Short() {
+			prereq.OptIn(t, "-short: waits for a one-minute time limit")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		var runs []*started
+		var jobs []int
+		for _, m := range modes {
+			if err := e.WriteConfig(`runtime = "kata"`, m.tables); err != nil {
+				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
 			run, job := startSrun(t, e, ctx, "--time=1", img, "sh", "-c", trapLoop("TERM"))
+			runs, jobs = append(runs, run), append(jobs, job)
+		}
+		for i, run := range runs {
 			run.wait(t, ctx)
 			if !strings.Contains(run.stdout(), "TRAPPED-TERM") {
-				t.Errorf("stdout %q: the time limit's TERM did not reach the workload", run.stdout())
+				t.Errorf("%s: stdout %q: the time limit's TERM did not reach the workload", modes[i].name, run.stdout())
 			}
+		}
+		for _, job := range jobs {
 			e.WaitClean(t, job)
-		})
+		}
+	})
+	// The runtime removes the cgroup it was given when the sandbox goes:
+	// given the step's own, slurmstepd found it gone.
+	t.Run("slurmstepd kept its step cgroups", func(t *testing.T) {
+		if log := e.C.LogTail("slurmd.log", 100000); strings.Contains(log, "_cgroup_procs_check: failed") {
+			t.Errorf("slurmstepd lost a step cgroup (linux.cgroupsPath must be a child of the step's):\n%s", grepLines(log, "_cgroup_procs_check"))
+		}
+	})
+}
+
+// grepLines are the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
 	}
+	return strings.Join(out, "\n")
 }

@@ -37,7 +37,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	// runc's root of the test namespace (runc makes it, never removes it).
+	_ = os.Remove("/run/containerd/runc/" + testNamespace)
+	os.Exit(code)
 }
 
 // debianShim is Debian's containerd 1.6 runc shim (task API v2, bare
