@@ -39,7 +39,7 @@ type sandbox struct {
 	sh       *shim.Shim // mode shim
 	pid      int        // the shim's pid (mode shim), else the init's
 	b        *broker
-	l        net.Listener
+	ep       control.Endpoint
 	done     chan struct{}
 	once     sync.Once
 	stopping atomic.Bool
@@ -97,7 +97,8 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 			return nil, fmt.Errorf("kata bundle: %w", err)
 		}
 	}
-	s := &sandbox{d: d, cfg: cfg, log: log, done: make(chan struct{})}
+	s := &sandbox{d: d, cfg: cfg, log: log, done: make(chan struct{}),
+		ep: control.Endpoint{StateDir: cfg.StateDir, UID: cfg.UID, GID: cfg.GID}}
 	fail := func(err error) (driver.Sandbox, error) {
 		s.closeDone()
 		if cerr := d.Cleanup(context.WithoutCancel(ctx), cfg.StateDir); cerr != nil {
@@ -264,49 +265,31 @@ func (s *sandbox) Ping(ctx context.Context) error {
 	return s.svc.Ping(ctx)
 }
 
-// Listen creates the control socket (control.Listen).
-func (s *sandbox) Listen() error {
-	l, err := control.Listen(s.cfg.StateDir, s.cfg.UID, s.cfg.GID)
-	if err != nil {
-		return err
-	}
-	s.l = l
-	return nil
-}
+// Listen creates the control socket (control.Endpoint).
+func (s *sandbox) Listen() error { return s.ep.Listen() }
 
 // Serve serves the agent API (broker) on the control socket until ctx
 // ends or the sandbox stops.
 func (s *sandbox) Serve(ctx context.Context) error {
-	if s.l == nil {
-		if err := s.Listen(); err != nil {
-			return err
-		}
-	}
-	defer os.Remove(filepath.Join(s.cfg.StateDir, state.ControlSocket))
 	srv, err := ttrpc.NewServer(ttrpc.WithServerHandshaker(s.b.handshaker()))
 	if err != nil {
 		return err
 	}
 	api.RegisterAgentService(srv, s.b)
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-s.done:
+	return s.ep.Serve(ctx, s.done, func(l net.Listener) error {
+		go func() {
+			select {
+			case <-ctx.Done():
+			case <-s.done:
+			}
+			_ = srv.Close()
+		}()
+		err := srv.Serve(ctx, l)
+		if errors.Is(err, ttrpc.ErrServerClosed) {
+			return nil
 		}
-		_ = srv.Close()
-	}()
-	err = srv.Serve(ctx, s.l)
-	if err == nil || errors.Is(err, ttrpc.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
-		return nil
-	}
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-s.done:
-		return nil
-	default:
-	}
-	return fmt.Errorf("serve exec clients: %w", err)
+		return err
+	})
 }
 
 // Stop ends the sandbox: SIGTERM to every process of the container, SIGKILL

@@ -81,7 +81,7 @@ type sandbox struct {
 	sess    *transport.Session
 	done    chan struct{}
 	waitErr error
-	l       net.Listener
+	ep      control.Endpoint
 	mounts  []*api.Mount
 	// gpuDriver is the agent's GPU driver set-up (nil without one).
 	gpuDriver *api.GPUDriver
@@ -336,7 +336,8 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	}
 	guestEnd.Close()
 	con.w.Close() // QEMU holds the console's write end now; EOF comes with it
-	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts, gpuDriver: gpuDriver, network: netSetup}
+	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts, gpuDriver: gpuDriver, network: netSetup,
+		ep: control.Endpoint{StateDir: cfg.StateDir, UID: cfg.UID, GID: cfg.GID}}
 	go func() {
 		err := cmd.Wait()
 		restore()
@@ -509,51 +510,21 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	return nil
 }
 
-// Listen creates the control socket (control.Listen): the socket a client
-// finds is already the job user's.
-func (s *sandbox) Listen() error {
-	l, err := control.Listen(s.cfg.StateDir, s.cfg.UID, s.cfg.GID)
-	if err != nil {
-		return err
-	}
-	s.l = l
-	return nil
-}
+// Listen creates the control socket (control.Endpoint).
+func (s *sandbox) Listen() error { return s.ep.Listen() }
 
 // Serve relays exec clients from the control socket (see Listen) to agent
 // streams until ctx ends or the VM exits.
 func (s *sandbox) Serve(ctx context.Context) error {
-	if s.l == nil {
-		if err := s.Listen(); err != nil {
-			return err
-		}
-	}
-	l := s.l
-	defer os.Remove(filepath.Join(s.cfg.StateDir, state.ControlSocket))
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-s.done:
-		}
-		l.Close()
-	}()
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-s.done:
-				return nil
-			default:
+	return s.ep.Serve(ctx, s.done, func(l net.Listener) error {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return fmt.Errorf("accept exec client: %w", err)
 			}
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("accept exec client: %w", err)
+			go s.relay(ctx, c.(*net.UnixConn))
 		}
-		go s.relay(ctx, c.(*net.UnixConn))
-	}
+	})
 }
 
 // relay checks the peer's uid and copies bytes between it and a new stream.

@@ -173,17 +173,7 @@ func TestE2E(t *testing.T) {
 	})
 
 	e.Run(t, "scancel reaches the workload and nothing is left", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-		defer cancel()
-		run, job := startSrun(t, e, ctx, img, "sh", "-c", trapLoop("TERM"))
-		if err := e.C.Scancel(ctx, strconv.Itoa(job)); err != nil {
-			t.Fatal(err)
-		}
-		run.wait(t, ctx)
-		if !strings.Contains(run.stdout(), "TRAPPED-TERM") {
-			t.Errorf("stdout %q: the workload's TERM trap did not run", run.stdout())
-		}
-		e.WaitClean(t, job)
+		scancelTrapped(t, e, img)
 	})
 
 	e.Run(t, "scancel of the step leaves nothing", func(t *testing.T) {
@@ -492,6 +482,24 @@ func (s *started) wait(t *testing.T, ctx context.Context) {
 
 // trapLoop is a workload that prints its job id and READY, runs until a
 // signal, and prints TRAPPED-<SIG> from its trap.
+// scancelTrapped cancels the job of a step whose workload traps TERM: the
+// trap must run and nothing of the job be left. It returns the job.
+func scancelTrapped(t *testing.T, e *harness.Env, img string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	run, job := startSrun(t, e, ctx, img, "sh", "-c", trapLoop("TERM"))
+	if err := e.C.Scancel(ctx, strconv.Itoa(job)); err != nil {
+		t.Fatal(err)
+	}
+	run.wait(t, ctx)
+	if !strings.Contains(run.stdout(), "TRAPPED-TERM") {
+		t.Errorf("stdout %q: the workload's TERM trap did not run", run.stdout())
+	}
+	e.WaitClean(t, job)
+	return job
+}
+
 func trapLoop(sig string) string {
 	return "echo JOB=$SLURM_JOB_ID; trap 'echo TRAPPED-" + sig + "; exit 0' " + sig + "; echo READY; while :; do sleep 0.2; done"
 }

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -133,17 +132,7 @@ func TestE2EKata(t *testing.T) {
 			}
 		})
 		e.Run(t, m.name+": scancel reaches the workload and nothing is left", func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-			defer cancel()
-			run, job := startSrun(t, e, ctx, img, "sh", "-c", trapLoop("TERM"))
-			if err := e.C.Scancel(ctx, strconv.Itoa(job)); err != nil {
-				t.Fatal(err)
-			}
-			run.wait(t, ctx)
-			if !strings.Contains(run.stdout(), "TRAPPED-TERM") {
-				t.Errorf("stdout %q: the workload's TERM trap did not run", run.stdout())
-			}
-			e.WaitClean(t, job)
+			scancelTrapped(t, e, img)
 			if m.name == "containerd" {
 				if pids := ctrd.Shims(""); len(pids) > 0 {
 					t.Errorf("containerd still has shims %v after the job", pids)

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -127,4 +128,60 @@ func (p process) Path() string { return p.p.Path }
 func (p process) Wait(ctx context.Context) (driver.ExitStatus, error) {
 	st, err := p.p.Wait(ctx)
 	return driver.ExitStatus{Code: st.Code, Signal: st.Signal, OOMKilled: st.OOMKilled}, explain(ctx, p.stateDir, err)
+}
+
+// Endpoint is a sandbox's control socket as its driver serves it
+// (driver.Sandbox's Listen and Serve): created once by Listen, served by
+// the driver's own serve function until the step ends.
+type Endpoint struct {
+	// StateDir is the step's state directory; UID and GID the job's.
+	StateDir string
+	UID, GID uint32
+	l        net.Listener
+}
+
+// Listen creates the socket (Listen); the socket a client finds is
+// already the job user's.
+func (e *Endpoint) Listen() error {
+	l, err := Listen(e.StateDir, e.UID, e.GID)
+	if err != nil {
+		return err
+	}
+	e.l = l
+	return nil
+}
+
+// Serve runs serve on the socket (made by Listen first when it is not
+// yet) until ctx ends or done is closed; then the listener is closed, the
+// socket removed, and Serve returns once serve did. What serve returns
+// after that, or for a closed listener, is not an error.
+func (e *Endpoint) Serve(ctx context.Context, done <-chan struct{}, serve func(net.Listener) error) error {
+	if e.l == nil {
+		if err := e.Listen(); err != nil {
+			return err
+		}
+	}
+	defer os.Remove(filepath.Join(e.StateDir, state.ControlSocket))
+	returned := make(chan struct{})
+	defer close(returned)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-done:
+		case <-returned:
+		}
+		e.l.Close()
+	}()
+	err := serve(e.l)
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-done:
+		return nil
+	default:
+	}
+	if err == nil || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
 }
