@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -305,5 +306,96 @@ func TestHostileTerminalStdinEOF(t *testing.T) {
 				t.Errorf("exit %d signal %d output %q, want exit 0 and %q", w.ExitCode, w.Signal, out.String(), tt.out)
 			}
 		})
+	}
+}
+
+// TestHostileShimKilledCleanup: after the shim dies by SIGKILL (scancel
+// kills every process of the step's cgroup; the supervisor may die with
+// it), the driver's Cleanup from the step's records, as stop or gc run it
+// in a fresh process, leaves nothing: no process of the sandbox (its init
+// and tasks run as the job's user), no runc state, no loop device of the
+// image, no shim socket.
+func TestHostileShimKilledCleanup(t *testing.T) {
+	stateDir, img, sb, c := hostileSandbox(t, nil, nil)
+	ctx := context.Background()
+	r, err := c.CreateProcess(ctx, &api.CreateProcessRequest{Argv: api.Bytes([]string{"sleep", "300"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(stateDir, "kata.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		Shim struct {
+			ID, Namespace, Socket string
+			Pid                   int
+		} `json:"shim"`
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(rec.Shim.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sb.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed after the shim died")
+	}
+	d := kata.New(kata.Options{Mode: "shim", Shim: "/usr/bin/containerd-shim-runc-v2", Namespace: "smv-hostile"})
+	if err := d.Cleanup(ctx, stateDir); err != nil {
+		t.Fatalf("Cleanup after the shim died: %v", err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if r.Pid > 0 {
+		if cmd, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(int(r.Pid)), "cmdline")); err == nil && strings.Contains(string(cmd), "sleep") {
+			t.Errorf("the task's process (pid %d) alive after Cleanup", r.Pid)
+		}
+	}
+	for _, p := range []string{rec.Shim.Socket, filepath.Join("/run/containerd/runc", rec.Shim.Namespace, rec.Shim.ID), filepath.Join(stateDir, "kata")} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("left after Cleanup: %s", p)
+		}
+	}
+	out, _ := exec.Command("losetup", "-j", img).CombinedOutput()
+	if strings.TrimSpace(string(out)) != "" {
+		t.Errorf("loop device of the image left after Cleanup: %s", out)
+	}
+}
+
+// TestHostileCleanupKeepsShareContent: in mode containerd the shares are
+// attached on the host under <state>/kata/mnt/shares/<i>, and the record
+// that lists them (kata.json) is written only after mountTree returns
+// (sandbox.go). A supervisor killed in between (scancel while the step
+// boots) leaves a share attached and unrecorded; Cleanup then removes the
+// kata directory recursively, through the share's mount, as root: the
+// user's files in a read-write share (or anyone's, in a group share) are
+// deleted. This test makes that state by hand (a bind of the share where
+// mountTree attaches it, no record) and runs Cleanup as stop or gc would.
+func TestHostileCleanupKeepsShareContent(t *testing.T) {
+	fixture.RequireRoot(t)
+	tmp := t.TempDir()
+	share := filepath.Join(tmp, "users-share")
+	if err := os.MkdirAll(share, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	precious := filepath.Join(share, "results.dat")
+	if err := os.WriteFile(precious, []byte("months of work\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stateDir := filepath.Join(tmp, "state")
+	target := filepath.Join(stateDir, "kata", "mnt", "shares", "0")
+	if err := os.MkdirAll(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(share, target, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Unmount(target, syscall.MNT_DETACH)
+	d := kata.New(kata.Options{Mode: "containerd", Namespace: "smv-hostile"})
+	err := d.Cleanup(context.Background(), stateDir)
+	if _, serr := os.Stat(precious); serr != nil {
+		t.Errorf("Cleanup (err %v) deleted the content of a share still attached under the state directory: %v", err, serr)
 	}
 }
