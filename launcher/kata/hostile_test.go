@@ -31,7 +31,17 @@ func hostileSandbox(t *testing.T, plant func(rootfs string), shares []driver.Sha
 	t.Helper()
 	fixture.RequireRoot(t)
 	fixture.Require(t, "containerd-shim-runc-v2", "runc", "mkfs.erofs", "busybox")
-	tmp := t.TempDir()
+	// Under /run, entered by others (0711) as the runtime directory is:
+	// what the job's user can reach is then decided by the modes the
+	// driver sets, not by the test's temporary directory.
+	tmp, err := os.MkdirTemp("/run", "smv-review-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	if err := os.Chmod(tmp, 0o711); err != nil {
+		t.Fatal(err)
+	}
 	rootfs := filepath.Join(tmp, "rootfs")
 	fixture.BusyboxRootfs(t, rootfs, "Kata Hostile Test")
 	if plant != nil {
@@ -44,7 +54,9 @@ func hostileSandbox(t *testing.T, plant func(rootfs string), shares []driver.Sha
 		t.Fatal(err)
 	}
 	stateDir = filepath.Join(tmp, "state")
-	if err := os.Mkdir(stateDir, 0o700); err != nil {
+	// The step's state directory: root's, searchable by the job's user
+	// (the lifecycle grants it by ACL; 0711 here).
+	if err := os.Mkdir(stateDir, 0o711); err != nil {
 		t.Fatal(err)
 	}
 	d := kata.New(kata.Options{Mode: "shim", Shim: "/usr/bin/containerd-shim-runc-v2", Configuration: conf, Namespace: "smv-hostile", Init: fixture.Agent(t), StopGrace: 2 * time.Second})
@@ -53,7 +65,7 @@ func hostileSandbox(t *testing.T, plant func(rootfs string), shares []driver.Sha
 	if err := d.Prepare(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := d.Start(ctx, driver.SandboxConfig{
+	sb, err = d.Start(ctx, driver.SandboxConfig{
 		ID: "9.0.0", StateDir: stateDir, CPUs: 1, MemoryMiB: 256,
 		RootFS:   driver.RootFS{Image: img, OverlayMiB: 16},
 		ImageEnv: []string{"PATH=/bin:/usr/bin"},
@@ -397,5 +409,41 @@ func TestHostileCleanupKeepsShareContent(t *testing.T) {
 	err := d.Cleanup(context.Background(), stateDir)
 	if _, serr := os.Stat(precious); serr != nil {
 		t.Errorf("Cleanup (err %v) deleted the content of a share still attached under the state directory: %v", err, serr)
+	}
+}
+
+// TestHostileShimSocketsUnreachable: the job's user can connect to the
+// step's control socket and to neither the shim's task API socket nor its
+// events socket (whose APIs could create a container with any spec).
+func TestHostileShimSocketsUnreachable(t *testing.T) {
+	fixture.Require(t, "/usr/bin/python3")
+	stateDir, _, _, _ := hostileSandbox(t, nil, nil)
+	b, err := os.ReadFile(filepath.Join(stateDir, "kata.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		Shim struct{ Socket, Events string } `json:"shim"`
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	connect := func(path string) string {
+		cmd := exec.Command("/usr/bin/python3", "-c", "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect(sys.argv[1]); print('connected')\nexcept OSError as e:\n print(type(e).__name__)", path)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("connect as 65534 to %s: %v: %s", path, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	for _, tt := range []struct{ path, want string }{
+		{filepath.Join(stateDir, state.ControlSocket), "connected"},
+		{rec.Shim.Socket, "PermissionError"},
+		{rec.Shim.Events, "PermissionError"},
+	} {
+		if got := connect(tt.path); got != tt.want {
+			t.Errorf("the job's user connecting to %s: %s, want %s", tt.path, got, tt.want)
+		}
 	}
 }
