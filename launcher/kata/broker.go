@@ -35,6 +35,11 @@ const maxRead = 1 << 20
 // its end of the FIFO.
 const stdinOpenWait = 10 * time.Second
 
+// maxProcs bounds the processes of one sandbox that the broker holds at
+// once (each holds FIFOs and descriptors in the root supervisor until it
+// was waited for and its output drained).
+const maxProcs = 1024
+
 // broker serves the guest agent's API (launcher/agent/api) on the step's
 // control socket and carries each call out through the task API: a task
 // process of the step cannot tell it from the QEMU driver's agent. Only
@@ -58,11 +63,20 @@ type broker struct {
 type proc struct {
 	execID                string
 	dir                   string
+	terminal              bool
 	stdin, stdout, stderr *fifoEnd
 	stdinOnce             sync.Once
 	waitOnce              sync.Once
 	exit                  taskapi.Exit
 	waitErr               error
+
+	// Guarded by broker.mu: the process is released (its FIFOs closed and
+	// removed, its entry dropped) once it was waited for and each of its
+	// outputs reached EOF.
+	waited    bool
+	stdoutEOF bool
+	stderrEOF bool
+	released  bool
 }
 
 // fifoEnd is this side's end of one stdio FIFO, opened blocking in the
@@ -163,8 +177,14 @@ func (b *broker) CreateProcess(ctx context.Context, req *api.CreateProcessReques
 	if cwd == "" {
 		cwd = "/"
 	}
+	b.mu.Lock()
+	live := len(b.procs)
+	b.mu.Unlock()
+	if live >= maxProcs {
+		return nil, status.Errorf(codes.ResourceExhausted, "%d processes of this step are still running or not yet waited for: at most %d at once", live, maxProcs)
+	}
 	id := "p" + strconv.FormatUint(b.next.Add(1), 10)
-	p := &proc{execID: id, dir: filepath.Join(b.ioDir, id)}
+	p := &proc{execID: id, dir: filepath.Join(b.ioDir, id), terminal: req.Terminal}
 	io := taskapi.IO{Terminal: req.Terminal}
 	if err := p.open(&io); err != nil {
 		p.close()
@@ -290,8 +310,17 @@ func (b *broker) CloseStdin(ctx context.Context, req *api.ProcessRequest) (*api.
 		// The shim must hold its end first, or its late open would wait
 		// for a writer that never comes.
 		wctx, cancel := context.WithTimeout(ctx, stdinOpenWait)
-		_, _ = p.stdin.get(wctx)
+		f, _ := p.stdin.get(wctx)
 		cancel()
+		if p.terminal {
+			// End of input on a terminal is the EOF character, as the
+			// agent gives it: closing the shim's side would hang the
+			// terminal up (SIGHUP). The FIFO stays open until release.
+			if f != nil {
+				_, _ = f.Write([]byte{4})
+			}
+			return
+		}
 		p.stdin.close()
 		cerr = b.svc.CloseIO(ctx, p.execID)
 	})
@@ -311,6 +340,7 @@ func (b *broker) ReadOutput(ctx context.Context, req *api.ReadOutputRequest) (*a
 		e = p.stderr
 	}
 	if e == nil {
+		b.outputEnded(p, req.Stream)
 		return &api.ReadOutputResponse{Eof: true}, nil
 	}
 	f, err := e.get(ctx)
@@ -328,6 +358,7 @@ func (b *broker) ReadOutput(ctx context.Context, req *api.ReadOutputRequest) (*a
 	}
 	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, syscall.EIO) {
 		// EIO: a terminal's other side closed.
+		b.outputEnded(p, req.Stream)
 		return &api.ReadOutputResponse{Eof: true}, nil
 	}
 	return nil, status.Errorf(codes.Internal, "read output: %v", err)
@@ -358,7 +389,34 @@ func (b *broker) Wait(ctx context.Context, req *api.ProcessRequest) (*api.WaitRe
 	if p.waitErr != nil {
 		return nil, status.Errorf(codes.Unavailable, "wait: %v", p.waitErr)
 	}
+	b.mu.Lock()
+	p.waited = true
+	b.releaseLocked(p)
+	b.mu.Unlock()
 	return waitResponse(p.exit.Status), nil
+}
+
+// outputEnded marks one output of p at EOF and releases p when it is done.
+func (b *broker) outputEnded(p *proc, stream api.Stream) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if stream == api.Stream_STDERR {
+		p.stderrEOF = true
+	} else {
+		p.stdoutEOF = true
+	}
+	b.releaseLocked(p)
+}
+
+// releaseLocked closes and removes p's FIFOs and drops it once it was
+// waited for and its outputs ended (a terminal has no stderr).
+func (b *broker) releaseLocked(p *proc) {
+	if p.released || !p.waited || !p.stdoutEOF || (!p.stderrEOF && !p.terminal) {
+		return
+	}
+	p.released = true
+	delete(b.procs, p.execID)
+	go p.close()
 }
 
 // waitResponse reads status as containerd reports it: 128+n for a process
@@ -398,7 +456,9 @@ func (b *broker) ChannelClose(context.Context, *api.ChannelCloseRequest) (*api.E
 func (b *broker) closeAll() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, p := range b.procs {
+	for id, p := range b.procs {
+		p.released = true
+		delete(b.procs, id)
 		p.close()
 	}
 }

@@ -9,8 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/kata/ctrd"
@@ -133,7 +137,7 @@ func writeRecord(stateDir string, r record) error {
 func (d *Driver) Cleanup(ctx context.Context, stateDir string) error {
 	b, err := os.ReadFile(filepath.Join(stateDir, recordFile))
 	if errors.Is(err, os.ErrNotExist) {
-		return os.RemoveAll(filepath.Join(stateDir, kataDir))
+		return removeTree(filepath.Join(stateDir, kataDir))
 	}
 	if err != nil {
 		return fmt.Errorf("read the kata record: %w", err)
@@ -160,10 +164,36 @@ func (d *Driver) Cleanup(ctx context.Context, stateDir string) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	if err := os.RemoveAll(filepath.Join(stateDir, kataDir)); err != nil {
-		return fmt.Errorf("remove the kata bundle: %w", err)
+	if err := removeTree(filepath.Join(stateDir, kataDir)); err != nil {
+		return err
 	}
 	return os.Remove(filepath.Join(stateDir, recordFile))
+}
+
+// removeTree removes the driver's directory dir, after unmounting
+// (detached) every mount found under it in this mount namespace, whether
+// or not a record lists it: a share attached by a supervisor killed
+// before it recorded it must go as a mount, never have its content
+// deleted through it. A mount that stays is an error, and nothing is
+// removed then.
+func removeTree(dir string) error {
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		return fmt.Errorf("read the mounts under %s: %w", dir, err)
+	}
+	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i].Mountpoint) > len(mounts[j].Mountpoint) })
+	for _, m := range mounts {
+		if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("unmount %s before removing %s: %w", m.Mountpoint, dir, err)
+		}
+	}
+	if left, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir)); err != nil || len(left) > 0 {
+		return fmt.Errorf("remove the kata bundle %s: %d mounts still under it (%v): not removed", dir, len(left), err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove the kata bundle: %w", err)
+	}
+	return nil
 }
 
 // identifier makes s a containerd identifier (letters, digits, ._-).
