@@ -35,6 +35,7 @@ cache_dir = %q
 [qemu]
 agent = %q
 [kata]
+allow_root_virtiofsd = true
 %s
 `, filepath.Join(dir, "run"), filepath.Join(dir, "cache"), agent, kata))
 	}

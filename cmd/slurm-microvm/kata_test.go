@@ -38,6 +38,8 @@ binary = "/nonexistent/qemu-system-x86_64"
 agent = %q
 [kata]
 configuration = %q
+shim = "/bin/true"
+allow_root_virtiofsd = true
 `, filepath.Join(dir, "run"), filepath.Join(dir, "cache"), agent, kataConf))
 	}
 	siteConf := write(t, dir, "site-configuration.toml", site)

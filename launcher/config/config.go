@@ -172,6 +172,12 @@ type Kata struct {
 	RuntimeHandler string `toml:"runtime_handler"`
 	// Namespace is the containerd namespace of the steps' sandboxes.
 	Namespace string `toml:"namespace"`
+	// AllowRootVirtiofsd accepts host shares served by Kata's virtiofsd
+	// as root (Kata's default). Off (the default), runtime = "kata" is
+	// refused while host shares are possible: a guest root would apply
+	// chown, setuid bits and device nodes in read-write shares and read
+	// past host permissions in every share (checkShares).
+	AllowRootVirtiofsd bool `toml:"allow_root_virtiofsd"`
 }
 
 // Resources size the guest.
@@ -392,7 +398,7 @@ func (c *Config) validate(path string, data []byte) []error {
 		bad("kata.runtime_handler", "must not be empty")
 	}
 	if !validNamespace(c.Kata.Namespace) {
-		bad("kata.namespace", "%q must be 1-76 letters, digits, '.', '_' or '-', starting with a letter or digit (containerd namespaces)", c.Kata.Namespace)
+		bad("kata.namespace", "%q must be at most 76 letters and digits, with single '.', '_' or '-' between them (containerd namespaces)", c.Kata.Namespace)
 	}
 	switch c.QEMU.Accel {
 	case "auto", "kvm", "tcg":
@@ -490,6 +496,15 @@ func (c *Config) checkShares(path string, data []byte) []error {
 			bad("qemu.runas", "false runs QEMU as root, and QEMU applies a guest root's chown, setuid bits and device nodes in host shares with its own credentials (a guest root would be root on the host): refused while host shares are possible (%s); set runas = true (the default), or turn every share off",
 				strings.Join(why, ", "))
 		}
+	}
+	if c.Driver == "kata" && !c.Kata.AllowRootVirtiofsd {
+		if why := c.sharesPossible(); len(why) > 0 {
+			bad("runtime", "\"kata\": Kata's virtiofsd serves the host shares as root, so a guest root (the guest kernel runs the tenant's code) would apply chown, setuid bits and device nodes in read-write shares and read past host permissions in every share: refused while host shares are possible (%s); turn every share off, or set kata.allow_root_virtiofsd = true where virtiofsd drops its privileges or translates the guest's ids (virtio_fs_extra_args)",
+				strings.Join(why, ", "))
+		}
+	}
+	if c.Driver == "kata" {
+		return errs // the share count is QEMU's (virtio-fs takes one device)
 	}
 	entries, err := c.Mounts.Plan(fs.User{Name: "user", Home: "/home/user"}, "", "", "")
 	if err != nil {

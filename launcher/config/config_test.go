@@ -87,19 +87,22 @@ func TestParse(t *testing.T) {
 			wantErr: []string{"timeouts.agent_ping: 3s is not below timeouts.agent_hang (3s)"}},
 		{name: "agent_hang zero", in: "[timeouts]\nagent_hang = \"0s\"\n", wantErr: []string{"microvm.toml:2: timeouts.agent_hang: 0s must be positive"}},
 		{name: "agent_ping negative", in: "[timeouts]\nagent_ping = \"-1s\"\n", wantErr: []string{"microvm.toml:2: timeouts.agent_ping: -1s must be positive"}},
-		{name: "runtime kata", in: "runtime = \"kata\"\n", check: func(c *Config) error {
+		{name: "kata with host shares and virtiofsd as root", in: "runtime = \"kata\"\n",
+			wantErr: []string{"microvm.toml:1: runtime: \"kata\": Kata's virtiofsd serves the host shares as root", "mounts.scratch_base", "kata.allow_root_virtiofsd = true"}},
+		{name: "kata without shares", in: "runtime = \"kata\"\n[mounts]\nallowed = []\nscratch_base = \"\"\n[mpi]\ndefault = \"image\"\n", check: func(c *Config) error { return nil }},
+		{name: "runtime kata", in: "runtime = \"kata\"\n[kata]\nallow_root_virtiofsd = true\n", check: func(c *Config) error {
 			if c.Driver != "kata" || c.Kata.Mode != "shim" || c.Kata.Namespace != "slurm-microvm" || c.Kata.RuntimeHandler != "io.containerd.kata.v2" {
 				return fmt.Errorf("runtime %q kata %+v", c.Driver, c.Kata)
 			}
 			return nil
 		}},
-		{name: "driver is the older name of runtime", in: "driver = \"kata\"\n", check: func(c *Config) error {
+		{name: "driver is the older name of runtime", in: "driver = \"kata\"\n[kata]\nallow_root_virtiofsd = true\n", check: func(c *Config) error {
 			if c.Driver != "kata" {
 				return fmt.Errorf("runtime %q, want kata", c.Driver)
 			}
 			return nil
 		}},
-		{name: "driver contradicts runtime", in: "runtime = \"kata\"\ndriver = \"qemu\"\n",
+		{name: "driver contradicts runtime", in: "runtime = \"kata\"\ndriver = \"qemu\"\n[kata]\nallow_root_virtiofsd = true\n",
 			wantErr: []string{"microvm.toml:2: driver: \"qemu\" contradicts runtime = \"kata\""}},
 		{name: "unknown runtime", in: "runtime = \"firecracker\"\n", wantErr: []string{"microvm.toml:1: runtime: \"firecracker\" is not a runtime driver (known: qemu, kata)"}},
 		{name: "bad kata mode and namespace", in: "[kata]\nmode = \"cri\"\nnamespace = \"a/b\"\n",

@@ -2,6 +2,8 @@ package kata
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -195,6 +198,22 @@ func removeTree(dir string) error {
 	}
 	return nil
 }
+
+// sandboxID is the container id of the step id (<job>.<step>.<restart>.
+// <node>): "smv-" and the step id where that is a containerd identifier
+// (at most 76 letters and digits with single . _ - between them: a node
+// name may be 64 bytes or end in '-'), else "smv-" and a digest of it.
+// Unique per step and node, as the shim's and runc's state require.
+func sandboxID(stepID string) string {
+	id := "smv-" + stepID
+	if len(id) <= 76 && containerdID.MatchString(id) {
+		return id
+	}
+	sum := sha256.Sum256([]byte(stepID))
+	return "smv-" + hex.EncodeToString(sum[:16])
+}
+
+var containerdID = regexp.MustCompile(`^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$`)
 
 // identifier makes s a containerd identifier (letters, digits, ._-).
 func identifier(s string) string {

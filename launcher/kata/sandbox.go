@@ -90,7 +90,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		return nil, err
 	}
 	kdir := filepath.Join(cfg.StateDir, kataDir)
-	id := identifier("smv-" + cfg.ID)
+	id := sandboxID(cfg.ID)
 	bundle := filepath.Join(kdir, id)
 	for _, p := range []string{kdir, bundle, filepath.Join(kdir, "io")} {
 		if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
