@@ -73,8 +73,8 @@ func TestE2EKata(t *testing.T) {
 	}
 	ctrd := fixture.StartContainerd(t)
 	modes := []struct{ name, tables string }{
-		{"shim", fmt.Sprintf("[kata]\nmode = \"shim\"\nshim = \"/usr/bin/containerd-shim-runc-v2\"\nconfiguration = %q\nnamespace = \"smv-e2e\"\n", kataConf)},
-		{"containerd", fmt.Sprintf("[kata]\nmode = \"containerd\"\ncontainerd_address = %q\nruntime_handler = \"io.containerd.runc.v2\"\nconfiguration = %q\nnamespace = %q\n", ctrd.Address, kataConf, ctrd.Namespace)},
+		{"shim", fmt.Sprintf("[kata]\nallow_root_virtiofsd = true\nmode = \"shim\"\nshim = \"/usr/bin/containerd-shim-runc-v2\"\nconfiguration = %q\nnamespace = \"smv-e2e\"\n", kataConf)},
+		{"containerd", fmt.Sprintf("[kata]\nallow_root_virtiofsd = true\nmode = \"containerd\"\ncontainerd_address = %q\nruntime_handler = \"io.containerd.runc.v2\"\nconfiguration = %q\nnamespace = %q\n", ctrd.Address, kataConf, ctrd.Namespace)},
 	}
 	t.Cleanup(func() {
 		_ = e.WriteConfig("", "")
