@@ -35,6 +35,10 @@ const maxRead = 1 << 20
 // its end of the FIFO.
 const stdinOpenWait = 10 * time.Second
 
+// fifoReleaseWait bounds how long closing a FIFO end waits for its
+// background open to return.
+const fifoReleaseWait = 5 * time.Second
+
 // maxProcs bounds the processes of one sandbox that the broker holds at
 // once (each holds FIFOs and descriptors in the root supervisor until it
 // was waited for and its output drained).
@@ -111,23 +115,36 @@ func (e *fifoEnd) get(ctx context.Context) (*os.File, error) {
 	}
 }
 
-// close closes this end; an open still waiting for the shim is released
-// by opening the other end without blocking (and closing it at once).
+// close closes this end. An open still waiting for the shim is released
+// by opening the other end without blocking (and closing it at once),
+// again until it returned: the background open may not have begun yet,
+// and a poke before it finds no one (ENXIO) or goes unseen. Bounded by
+// fifoReleaseWait.
 func (e *fifoEnd) close() {
-	select {
-	case <-e.ready:
-	default:
-		other := os.O_WRONLY
-		if e.flag&(os.O_WRONLY|os.O_RDWR) != 0 {
-			other = os.O_RDONLY
+	other := os.O_WRONLY
+	if e.flag&(os.O_WRONLY|os.O_RDWR) != 0 {
+		other = os.O_RDONLY
+	}
+	deadline := time.Now().Add(fifoReleaseWait)
+	for {
+		select {
+		case <-e.ready:
+			if e.f != nil {
+				e.f.Close()
+			}
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			return // the open's goroutine stays blocked on a FIFO that is gone
 		}
 		if f, err := os.OpenFile(e.path, other|unix.O_NONBLOCK, 0); err == nil {
 			f.Close()
 		}
-		<-e.ready
-	}
-	if e.f != nil {
-		e.f.Close()
+		select {
+		case <-e.ready:
+		case <-time.After(2 * time.Millisecond):
+		}
 	}
 }
 
