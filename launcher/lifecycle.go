@@ -779,6 +779,10 @@ func waitGone(ctx context.Context, p state.Proc, timeout time.Duration) bool {
 	return true
 }
 
+// jobDirsWait bounds how long gc waits for the job's cgroup directories
+// to be free of the processes of the steps it stopped.
+const jobDirsWait = 5 * time.Second
+
 // GC stops every step of job that still has state on node (after a
 // crash, a requeue, or a missed stop); the steps of other nodes that share
 // the runtime root (multiple-slurmd) are theirs. It returns every error met.
@@ -809,12 +813,18 @@ func (l *Launcher) GC(ctx context.Context, job uint32, node string) error {
 			l.log().Warn("removed leftover step network objects", "job", job, "node", node, "objects", removed)
 		}
 	}
-	// Cgroup directories a killed slurmstepd left (only empty ones).
+	// Cgroup directories a killed slurmstepd left (only empty ones; its
+	// tasks end a moment after the supervisor this gc stopped).
 	if os.Geteuid() == 0 {
-		if removed, err := cgroup.RemoveJobDirs("/sys/fs/cgroup", job); err != nil {
+		removed, left, err := cgroup.RemoveJobDirsWait(ctx, "/sys/fs/cgroup", job, jobDirsWait)
+		if err != nil {
 			errs = append(errs, err)
-		} else if len(removed) > 0 {
+		}
+		if len(removed) > 0 {
 			l.log().Warn("removed leftover cgroup directories of the job", "job", job, "dirs", removed)
+		}
+		if len(left) > 0 {
+			l.log().Warn("cgroup directories of the job still busy", "job", job, "dirs", left)
 		}
 	}
 	// Scratch of steps whose state is already gone (a crashed stop).

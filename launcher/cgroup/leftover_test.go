@@ -1,10 +1,12 @@
 package cgroup
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestRemoveJobDirs: the job's empty directories go, deepest first; a
@@ -53,5 +55,44 @@ func TestRemoveJobDirs(t *testing.T) {
 	}
 	if r, err := RemoveJobDirs(filepath.Join(root, "absent"), 5); err != nil || r != nil {
 		t.Errorf("absent root: %v, %v", r, err)
+	}
+}
+
+// TestRemoveJobDirsWait: a step directory that is busy for a moment (the
+// tasks of a killed slurmstepd end just after their supervisor) is
+// removed once it is free, with its job directory; one still busy when
+// the wait ends is reported left.
+func TestRemoveJobDirsWait(t *testing.T) {
+	root := t.TempDir()
+	step := filepath.Join(root, "freezer/slurm_n1/uid_1001/job_7/step_0")
+	if err := os.MkdirAll(step, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A file keeps the directory from rmdir(2), as tasks keep a cgroup.
+	busy := filepath.Join(step, "tasks")
+	if err := os.WriteFile(busy, []byte("42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		os.Remove(busy)
+	}()
+	removed, left, err := RemoveJobDirsWait(context.Background(), root, 7, 5*time.Second)
+	if err != nil || len(left) > 0 {
+		t.Fatalf("left %v, err %v", left, err)
+	}
+	if !slices.Contains(removed, step) || !slices.Contains(removed, filepath.Dir(step)) {
+		t.Errorf("removed %v, want the step and the job directory", removed)
+	}
+	stuck := filepath.Join(root, "memory/slurm_n1/uid_1001/job_8/step_0")
+	if err := os.MkdirAll(stuck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stuck, "tasks"), []byte("42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, left, err = RemoveJobDirsWait(context.Background(), root, 8, 300*time.Millisecond)
+	if err != nil || !slices.Contains(left, stuck) || !slices.Contains(left, filepath.Dir(stuck)) {
+		t.Errorf("left %v, err %v: want the busy step and its job directory", left, err)
 	}
 }
