@@ -240,19 +240,7 @@ func TestHostileImageSymlinks(t *testing.T) {
 func TestHostileNothingLeftAfterStop(t *testing.T) {
 	stateDir, img, sb, c := hostileSandbox(t, nil, nil)
 	run(context.Background(), t, c, []string{"true"}, false)
-	b, err := os.ReadFile(filepath.Join(stateDir, "kata.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec struct {
-		Shim struct {
-			ID, Namespace, Socket string
-			Pid                   int
-		} `json:"shim"`
-	}
-	if err := json.Unmarshal(b, &rec); err != nil {
-		t.Fatal(err)
-	}
+	rec := readKataRecord(t, stateDir)
 	if err := sb.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -334,19 +322,7 @@ func TestHostileShimKilledCleanup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(stateDir, "kata.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec struct {
-		Shim struct {
-			ID, Namespace, Socket string
-			Pid                   int
-		} `json:"shim"`
-	}
-	if err := json.Unmarshal(b, &rec); err != nil {
-		t.Fatal(err)
-	}
+	rec := readKataRecord(t, stateDir)
 	if err := syscall.Kill(rec.Shim.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -446,4 +422,26 @@ func TestHostileShimSocketsUnreachable(t *testing.T) {
 			t.Errorf("the job's user connecting to %s: %s, want %s", tt.path, got, tt.want)
 		}
 	}
+}
+
+// kataRecord is the part of the driver's kata.json the tests read.
+type kataRecord struct {
+	Shim struct {
+		ID, Namespace, Socket string
+		Pid                   int
+	} `json:"shim"`
+}
+
+// readKataRecord reads the driver's record in stateDir.
+func readKataRecord(t *testing.T, stateDir string) kataRecord {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(stateDir, "kata.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec kataRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	return rec
 }
