@@ -30,6 +30,7 @@ func main() {
 	if len(os.Args) == 2 && os.Args[1] == "pause" {
 		pause()
 	}
+	start := guest.Uptime()
 	if os.Getpid() != 1 {
 		fmt.Fprintln(os.Stderr, "slurm-microvm-agent: must run as PID 1 inside the microVM")
 		os.Exit(2)
@@ -53,7 +54,7 @@ func main() {
 		// initramfs, off as soon as PID 1 runs.
 		powerOff()
 	}
-	if err := run(context.Background(), log, args["slurm_microvm.modules"] == "all"); err != nil {
+	if err := run(context.Background(), log, start, args["slurm_microvm.modules"] == "all"); err != nil {
 		log.Error("agent failed", "err", err)
 	}
 	powerOff()
@@ -80,21 +81,18 @@ func pause() {
 	}
 }
 
-// uptime is the guest's CLOCK_BOOTTIME, comparable with the kernel log.
-func uptime() time.Duration {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
-	return time.Duration(ts.Nano())
-}
-
-func run(ctx context.Context, log *slog.Logger, allModules bool) error {
+// run loads the boot modules, opens the control port and serves the agent
+// API on it; start is the guest uptime at which PID 1 began.
+func run(ctx context.Context, log *slog.Logger, start time.Duration, allModules bool) error {
 	t0 := time.Now()
-	log.Info("agent started", "uptime_ms", uptime().Milliseconds())
+	boot := &guest.BootMarks{Start: start}
+	log.Info("agent started", "uptime_ms", start.Milliseconds())
 	// Only what the agent needs to serve on -M microvm; features load
 	// the rest. A PCI machine (GPU passthrough) needs virtio-pci too.
 	if _, err := guestmod.Load(ctx, guestmod.Config{BootOnly: !allModules}); err != nil {
 		return fmt.Errorf("load kernel modules: %w", err)
 	}
+	boot.ModulesDone = guest.Uptime()
 	log.Debug("modules loaded", "ms", time.Since(t0).Milliseconds())
 	if err := loopbackUp(); err != nil {
 		// Only forwards over loopback (PMIx) need it: go on without.
@@ -118,12 +116,13 @@ func run(ctx context.Context, log *slog.Logger, allModules bool) error {
 		log.Warn("no cgroup2 for the processes: OOM kills are told by /proc/vmstat", "err", err)
 		cgroup = ""
 	}
-	svc := guest.New(guest.Options{Setup: guest.MountRoot, PowerOff: powerOff, SetClock: guest.SetRealtime, Cgroup: cgroup, Logger: log})
+	svc := guest.New(guest.Options{Setup: guest.MountRoot, PowerOff: powerOff, SetClock: guest.SetRealtime, Cgroup: cgroup, Boot: boot, Logger: log})
 	srv, err := svc.NewServer()
 	if err != nil {
 		return err
 	}
-	log.Info("agent serving", "port", port, "ms_since_agent_start", time.Since(t0).Milliseconds(), "uptime_ms", uptime().Milliseconds())
+	boot.Serving = guest.Uptime()
+	log.Info("agent serving", "port", port, "ms_since_agent_start", time.Since(t0).Milliseconds(), "uptime_ms", boot.Serving.Milliseconds())
 	if err := srv.Serve(ctx, l); err != nil && !strings.Contains(err.Error(), "closed") {
 		return fmt.Errorf("serve agent API: %w", err)
 	}

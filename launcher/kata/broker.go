@@ -171,7 +171,7 @@ func (b *broker) Ping(ctx context.Context, _ *api.PingRequest) (*api.PingRespons
 	return &api.PingResponse{}, nil
 }
 
-func (b *broker) Setup(context.Context, *api.SetupRequest) (*api.Empty, error) {
+func (b *broker) Setup(context.Context, *api.SetupRequest) (*api.SetupResponse, error) {
 	return nil, status.Error(codes.PermissionDenied, "the sandbox is set up by its supervisor")
 }
 

@@ -354,58 +354,100 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		s.kill()
 		return nil, err
 	}
-	if err := s.waitReady(ctx); err != nil {
+	marks, err := s.waitReady(ctx)
+	if err != nil {
 		s.kill()
 		return nil, fmt.Errorf("boot sandbox %s: %w", cfg.ID, err)
 	}
+	tl := NewBootTimeline(time.Since(t0), marks)
 	log.Info("agent ready", "ms", time.Since(t0).Milliseconds())
+	log.Info("boot timeline", tl.LogAttrs()...)
 	return s, nil
 }
 
+// BootTimeline splits a boot, from the VMM's spawn to the answer of the
+// guest's Setup, into the parts that add up to it: VMM is the host's share
+// (QEMU's start, the kernel's load and its first steps before the guest
+// clock runs, the answer's way back), the rest is read off the guest's
+// CLOCK_BOOTTIME marks (api.SetupResponse). Durations in ms when logged.
+type BootTimeline struct {
+	Total, VMM, Kernel, Modules, AgentInit, SetupWait, Setup time.Duration
+}
+
+// NewBootTimeline lays the guest's marks beside total, the host's time
+// from the VMM's spawn to Setup's answer. Marks out of order (a guest
+// clock that jumped) are clamped so the parts still add up to total.
+func NewBootTimeline(total time.Duration, m *api.SetupResponse) BootTimeline {
+	us := func(v uint64) time.Duration { return time.Duration(v) * time.Microsecond }
+	marks := []time.Duration{us(m.GetAgentStartUs()), us(m.GetModulesDoneUs()), us(m.GetServingUs()), us(m.GetSetupStartUs()), us(m.GetSetupDoneUs())}
+	for i := 1; i < len(marks); i++ {
+		marks[i] = max(marks[i], marks[i-1])
+	}
+	end := min(marks[4], total)
+	for i := range marks {
+		marks[i] = min(marks[i], end)
+	}
+	return BootTimeline{
+		Total: total, VMM: total - end, Kernel: marks[0],
+		Modules: marks[1] - marks[0], AgentInit: marks[2] - marks[1],
+		SetupWait: marks[3] - marks[2], Setup: marks[4] - marks[3],
+	}
+}
+
+// LogAttrs is the timeline as the supervisor logs it ("boot timeline",
+// one key per part, whole ms; stable keys, parsed by make bench).
+func (t BootTimeline) LogAttrs() []any {
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	return []any{"total_ms", ms(t.Total), "vmm_ms", ms(t.VMM), "kernel_ms", ms(t.Kernel), "modules_ms", ms(t.Modules),
+		"agent_init_ms", ms(t.AgentInit), "setup_wait_ms", ms(t.SetupWait), "setup_ms", ms(t.Setup)}
+}
+
 // waitReady sets the guest up as soon as its agent serves, failing when the
-// VMM exits or the boot timeout passes first.
-func (s *sandbox) waitReady(ctx context.Context) error {
+// VMM exits or the boot timeout passes first. It returns the guest's boot
+// marks.
+func (s *sandbox) waitReady(ctx context.Context) (*api.SetupResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.d.o.BootTimeout)
 	defer cancel()
 	type result struct {
-		c   *agent.Client
-		err error
+		c     *agent.Client
+		marks *api.SetupResponse
+		err   error
 	}
 	ch := make(chan result, 1)
 	go func() {
 		conn, err := s.sess.Dial(ctx)
 		if err != nil {
-			ch <- result{nil, err}
+			ch <- result{nil, nil, err}
 			return
 		}
 		c := agent.NewClient(conn)
 		// The stream's SYN and the Setup call wait in the channel until
 		// the agent opens its port: one call covers the whole boot and
 		// the guest's set-up, with no extra round trip.
-		_, err = c.Setup(ctx, &api.SetupRequest{
+		marks, err := c.Setup(ctx, &api.SetupRequest{
 			Uid: s.cfg.UID, Gid: s.cfg.GID, Groups: s.cfg.Groups,
 			RootDevice: "/dev/vda", RootFstype: "erofs",
 			OverlayMib: s.cfg.RootFS.OverlayMiB, Hostname: s.cfg.Hostname,
 			ImageEnv: api.Bytes(s.cfg.ImageEnv), ImageWorkdir: []byte(s.cfg.ImageWorkdir),
 			Mounts: s.mounts, GpuDriver: s.gpuDriver, Network: s.network,
 		})
-		ch <- result{c, err}
+		ch <- result{c, marks, err}
 	}()
 	var r result
 	select {
 	case r = <-ch:
 	case <-s.done:
-		return fmt.Errorf("VMM exited during boot (%v): %s", s.waitErr, s.tail())
+		return nil, fmt.Errorf("VMM exited during boot (%v): %s", s.waitErr, s.tail())
 	case <-ctx.Done():
-		return fmt.Errorf("agent did not answer within %s (accel %s); guest console: %s", s.d.o.BootTimeout, s.d.o.Accel, s.consoleTail())
+		return nil, fmt.Errorf("agent did not answer within %s (accel %s); guest console: %s", s.d.o.BootTimeout, s.d.o.Accel, s.consoleTail())
 	}
 	if r.c != nil {
 		r.c.Close()
 	}
 	if r.err != nil {
-		return fmt.Errorf("set up guest: %w; %s", r.err, s.tail())
+		return nil, fmt.Errorf("set up guest: %w; %s", r.err, s.tail())
 	}
-	return nil
+	return r.marks, nil
 }
 
 // tail returns the end of the VMM's log and console, for errors.

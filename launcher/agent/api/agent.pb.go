@@ -205,6 +205,90 @@ func (x *PingResponse) GetUptimeMs() uint64 {
 	return 0
 }
 
+// SetupResponse is the guest's boot timeline, each mark the guest's
+// CLOCK_BOOTTIME in microseconds (0 on the kernel's first clock tick): the
+// host lays them beside its own clock to split a boot into VMM start,
+// kernel, agent start-up and set-up (launcher/qemu BootTimeline).
+type SetupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// PID 1 (the agent) began.
+	AgentStartUs uint64 `protobuf:"varint,1,opt,name=agent_start_us,json=agentStartUs,proto3" json:"agent_start_us,omitempty"`
+	// The boot kernel modules were loaded.
+	ModulesDoneUs uint64 `protobuf:"varint,2,opt,name=modules_done_us,json=modulesDoneUs,proto3" json:"modules_done_us,omitempty"`
+	// The agent served its API on the control port.
+	ServingUs uint64 `protobuf:"varint,3,opt,name=serving_us,json=servingUs,proto3" json:"serving_us,omitempty"`
+	// Setup began and ended (root, overlay, shares, identity, network).
+	SetupStartUs  uint64 `protobuf:"varint,4,opt,name=setup_start_us,json=setupStartUs,proto3" json:"setup_start_us,omitempty"`
+	SetupDoneUs   uint64 `protobuf:"varint,5,opt,name=setup_done_us,json=setupDoneUs,proto3" json:"setup_done_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetupResponse) Reset() {
+	*x = SetupResponse{}
+	mi := &file_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetupResponse) ProtoMessage() {}
+
+func (x *SetupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetupResponse.ProtoReflect.Descriptor instead.
+func (*SetupResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SetupResponse) GetAgentStartUs() uint64 {
+	if x != nil {
+		return x.AgentStartUs
+	}
+	return 0
+}
+
+func (x *SetupResponse) GetModulesDoneUs() uint64 {
+	if x != nil {
+		return x.ModulesDoneUs
+	}
+	return 0
+}
+
+func (x *SetupResponse) GetServingUs() uint64 {
+	if x != nil {
+		return x.ServingUs
+	}
+	return 0
+}
+
+func (x *SetupResponse) GetSetupStartUs() uint64 {
+	if x != nil {
+		return x.SetupStartUs
+	}
+	return 0
+}
+
+func (x *SetupResponse) GetSetupDoneUs() uint64 {
+	if x != nil {
+		return x.SetupDoneUs
+	}
+	return 0
+}
+
 type SetupRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Uid    uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
@@ -234,7 +318,7 @@ type SetupRequest struct {
 
 func (x *SetupRequest) Reset() {
 	*x = SetupRequest{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -246,7 +330,7 @@ func (x *SetupRequest) String() string {
 func (*SetupRequest) ProtoMessage() {}
 
 func (x *SetupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -259,7 +343,7 @@ func (x *SetupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetupRequest.ProtoReflect.Descriptor instead.
 func (*SetupRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SetupRequest) GetUid() uint32 {
@@ -375,7 +459,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +471,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +484,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Network) GetMac() []byte {
@@ -471,7 +555,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +567,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +580,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Route) GetDestination() string {
@@ -524,7 +608,7 @@ type Neighbor struct {
 
 func (x *Neighbor) Reset() {
 	*x = Neighbor{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +620,7 @@ func (x *Neighbor) String() string {
 func (*Neighbor) ProtoMessage() {}
 
 func (x *Neighbor) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +633,7 @@ func (x *Neighbor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Neighbor.ProtoReflect.Descriptor instead.
 func (*Neighbor) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Neighbor) GetAddress() string {
@@ -577,7 +661,7 @@ type HostEntry struct {
 
 func (x *HostEntry) Reset() {
 	*x = HostEntry{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +673,7 @@ func (x *HostEntry) String() string {
 func (*HostEntry) ProtoMessage() {}
 
 func (x *HostEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +686,7 @@ func (x *HostEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostEntry.ProtoReflect.Descriptor instead.
 func (*HostEntry) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HostEntry) GetAddress() string {
@@ -646,7 +730,7 @@ type GPUDriver struct {
 
 func (x *GPUDriver) Reset() {
 	*x = GPUDriver{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +742,7 @@ func (x *GPUDriver) String() string {
 func (*GPUDriver) ProtoMessage() {}
 
 func (x *GPUDriver) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +755,7 @@ func (x *GPUDriver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUDriver.ProtoReflect.Descriptor instead.
 func (*GPUDriver) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GPUDriver) GetTag() string {
@@ -742,7 +826,7 @@ type KernelModule struct {
 
 func (x *KernelModule) Reset() {
 	*x = KernelModule{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +838,7 @@ func (x *KernelModule) String() string {
 func (*KernelModule) ProtoMessage() {}
 
 func (x *KernelModule) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +851,7 @@ func (x *KernelModule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelModule.ProtoReflect.Descriptor instead.
 func (*KernelModule) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KernelModule) GetName() string {
@@ -810,7 +894,7 @@ type DeviceNode struct {
 
 func (x *DeviceNode) Reset() {
 	*x = DeviceNode{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +906,7 @@ func (x *DeviceNode) String() string {
 func (*DeviceNode) ProtoMessage() {}
 
 func (x *DeviceNode) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +919,7 @@ func (x *DeviceNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceNode.ProtoReflect.Descriptor instead.
 func (*DeviceNode) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeviceNode) GetPath() string {
@@ -888,7 +972,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +984,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +997,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Mount) GetTag() string {
@@ -967,7 +1051,7 @@ type CreateProcessRequest struct {
 
 func (x *CreateProcessRequest) Reset() {
 	*x = CreateProcessRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1063,7 @@ func (x *CreateProcessRequest) String() string {
 func (*CreateProcessRequest) ProtoMessage() {}
 
 func (x *CreateProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1076,7 @@ func (x *CreateProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProcessRequest.ProtoReflect.Descriptor instead.
 func (*CreateProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateProcessRequest) GetArgv() [][]byte {
@@ -1076,7 +1160,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1088,7 +1172,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1101,7 +1185,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Forward) GetFd() uint32 {
@@ -1140,7 +1224,7 @@ type CreateProcessResponse struct {
 
 func (x *CreateProcessResponse) Reset() {
 	*x = CreateProcessResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1236,7 @@ func (x *CreateProcessResponse) String() string {
 func (*CreateProcessResponse) ProtoMessage() {}
 
 func (x *CreateProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1249,7 @@ func (x *CreateProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProcessResponse.ProtoReflect.Descriptor instead.
 func (*CreateProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateProcessResponse) GetId() string {
@@ -1206,7 +1290,7 @@ type ForwardInfo struct {
 
 func (x *ForwardInfo) Reset() {
 	*x = ForwardInfo{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1218,7 +1302,7 @@ func (x *ForwardInfo) String() string {
 func (*ForwardInfo) ProtoMessage() {}
 
 func (x *ForwardInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1231,7 +1315,7 @@ func (x *ForwardInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardInfo.ProtoReflect.Descriptor instead.
 func (*ForwardInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ForwardInfo) GetChannel() string {
@@ -1258,7 +1342,7 @@ type AcceptChannelRequest struct {
 
 func (x *AcceptChannelRequest) Reset() {
 	*x = AcceptChannelRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1354,7 @@ func (x *AcceptChannelRequest) String() string {
 func (*AcceptChannelRequest) ProtoMessage() {}
 
 func (x *AcceptChannelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1367,7 @@ func (x *AcceptChannelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceptChannelRequest.ProtoReflect.Descriptor instead.
 func (*AcceptChannelRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AcceptChannelRequest) GetId() string {
@@ -1309,7 +1393,7 @@ type Channel struct {
 
 func (x *Channel) Reset() {
 	*x = Channel{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1405,7 @@ func (x *Channel) String() string {
 func (*Channel) ProtoMessage() {}
 
 func (x *Channel) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1418,7 @@ func (x *Channel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Channel.ProtoReflect.Descriptor instead.
 func (*Channel) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Channel) GetId() string {
@@ -1354,7 +1438,7 @@ type ChannelReadRequest struct {
 
 func (x *ChannelReadRequest) Reset() {
 	*x = ChannelReadRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1450,7 @@ func (x *ChannelReadRequest) String() string {
 func (*ChannelReadRequest) ProtoMessage() {}
 
 func (x *ChannelReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1463,7 @@ func (x *ChannelReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelReadRequest.ProtoReflect.Descriptor instead.
 func (*ChannelReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ChannelReadRequest) GetId() string {
@@ -1406,7 +1490,7 @@ type ChannelWriteRequest struct {
 
 func (x *ChannelWriteRequest) Reset() {
 	*x = ChannelWriteRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1502,7 @@ func (x *ChannelWriteRequest) String() string {
 func (*ChannelWriteRequest) ProtoMessage() {}
 
 func (x *ChannelWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1515,7 @@ func (x *ChannelWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelWriteRequest.ProtoReflect.Descriptor instead.
 func (*ChannelWriteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ChannelWriteRequest) GetId() string {
@@ -1457,7 +1541,7 @@ type ChannelCloseRequest struct {
 
 func (x *ChannelCloseRequest) Reset() {
 	*x = ChannelCloseRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1553,7 @@ func (x *ChannelCloseRequest) String() string {
 func (*ChannelCloseRequest) ProtoMessage() {}
 
 func (x *ChannelCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1566,7 @@ func (x *ChannelCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelCloseRequest.ProtoReflect.Descriptor instead.
 func (*ChannelCloseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ChannelCloseRequest) GetId() string {
@@ -1501,7 +1585,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1597,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1610,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ProcessRequest) GetId() string {
@@ -1546,7 +1630,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1642,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1655,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -1597,7 +1681,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1693,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1706,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WriteStdinResponse) GetLen() uint32 {
@@ -1644,7 +1728,7 @@ type ReadOutputRequest struct {
 
 func (x *ReadOutputRequest) Reset() {
 	*x = ReadOutputRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +1740,7 @@ func (x *ReadOutputRequest) String() string {
 func (*ReadOutputRequest) ProtoMessage() {}
 
 func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +1753,7 @@ func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadOutputRequest) GetId() string {
@@ -1703,7 +1787,7 @@ type ReadOutputResponse struct {
 
 func (x *ReadOutputResponse) Reset() {
 	*x = ReadOutputResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1799,7 @@ func (x *ReadOutputResponse) String() string {
 func (*ReadOutputResponse) ProtoMessage() {}
 
 func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1812,7 @@ func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputResponse.ProtoReflect.Descriptor instead.
 func (*ReadOutputResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReadOutputResponse) GetData() []byte {
@@ -1755,7 +1839,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +1851,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +1864,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -1813,7 +1897,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1825,7 +1909,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1838,7 +1922,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -1873,7 +1957,7 @@ type ResizeTTYRequest struct {
 
 func (x *ResizeTTYRequest) Reset() {
 	*x = ResizeTTYRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1885,7 +1969,7 @@ func (x *ResizeTTYRequest) String() string {
 func (*ResizeTTYRequest) ProtoMessage() {}
 
 func (x *ResizeTTYRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1898,7 +1982,7 @@ func (x *ResizeTTYRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeTTYRequest.ProtoReflect.Descriptor instead.
 func (*ResizeTTYRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResizeTTYRequest) GetId() string {
@@ -1932,7 +2016,14 @@ const file_agent_proto_rawDesc = "" +
 	"\fPingResponse\x12%\n" +
 	"\x0ekernel_release\x18\x01 \x01(\tR\rkernelRelease\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x1b\n" +
-	"\tuptime_ms\x18\x03 \x01(\x04R\buptimeMs\"\xbc\x03\n" +
+	"\tuptime_ms\x18\x03 \x01(\x04R\buptimeMs\"\xc6\x01\n" +
+	"\rSetupResponse\x12$\n" +
+	"\x0eagent_start_us\x18\x01 \x01(\x04R\fagentStartUs\x12&\n" +
+	"\x0fmodules_done_us\x18\x02 \x01(\x04R\rmodulesDoneUs\x12\x1d\n" +
+	"\n" +
+	"serving_us\x18\x03 \x01(\x04R\tservingUs\x12$\n" +
+	"\x0esetup_start_us\x18\x04 \x01(\x04R\fsetupStartUs\x12\"\n" +
+	"\rsetup_done_us\x18\x05 \x01(\x04R\vsetupDoneUs\"\xbc\x03\n" +
 	"\fSetupRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
@@ -2060,10 +2151,10 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x06STDOUT\x10\x00\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x012\xeb\t\n" +
+	"\x06STDERR\x10\x012\xf3\t\n" +
 	"\x05Agent\x12O\n" +
-	"\x04Ping\x12\".slurmmicrovm.agent.v1.PingRequest\x1a#.slurmmicrovm.agent.v1.PingResponse\x12J\n" +
-	"\x05Setup\x12#.slurmmicrovm.agent.v1.SetupRequest\x1a\x1c.slurmmicrovm.agent.v1.Empty\x12j\n" +
+	"\x04Ping\x12\".slurmmicrovm.agent.v1.PingRequest\x1a#.slurmmicrovm.agent.v1.PingResponse\x12R\n" +
+	"\x05Setup\x12#.slurmmicrovm.agent.v1.SetupRequest\x1a$.slurmmicrovm.agent.v1.SetupResponse\x12j\n" +
 	"\rCreateProcess\x12+.slurmmicrovm.agent.v1.CreateProcessRequest\x1a,.slurmmicrovm.agent.v1.CreateProcessResponse\x12a\n" +
 	"\n" +
 	"WriteStdin\x12(.slurmmicrovm.agent.v1.WriteStdinRequest\x1a).slurmmicrovm.agent.v1.WriteStdinResponse\x12Q\n" +
@@ -2093,77 +2184,78 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: slurmmicrovm.agent.v1.Stream
 	(*Empty)(nil),                 // 1: slurmmicrovm.agent.v1.Empty
 	(*PingRequest)(nil),           // 2: slurmmicrovm.agent.v1.PingRequest
 	(*PingResponse)(nil),          // 3: slurmmicrovm.agent.v1.PingResponse
-	(*SetupRequest)(nil),          // 4: slurmmicrovm.agent.v1.SetupRequest
-	(*Network)(nil),               // 5: slurmmicrovm.agent.v1.Network
-	(*Route)(nil),                 // 6: slurmmicrovm.agent.v1.Route
-	(*Neighbor)(nil),              // 7: slurmmicrovm.agent.v1.Neighbor
-	(*HostEntry)(nil),             // 8: slurmmicrovm.agent.v1.HostEntry
-	(*GPUDriver)(nil),             // 9: slurmmicrovm.agent.v1.GPUDriver
-	(*KernelModule)(nil),          // 10: slurmmicrovm.agent.v1.KernelModule
-	(*DeviceNode)(nil),            // 11: slurmmicrovm.agent.v1.DeviceNode
-	(*Mount)(nil),                 // 12: slurmmicrovm.agent.v1.Mount
-	(*CreateProcessRequest)(nil),  // 13: slurmmicrovm.agent.v1.CreateProcessRequest
-	(*Forward)(nil),               // 14: slurmmicrovm.agent.v1.Forward
-	(*CreateProcessResponse)(nil), // 15: slurmmicrovm.agent.v1.CreateProcessResponse
-	(*ForwardInfo)(nil),           // 16: slurmmicrovm.agent.v1.ForwardInfo
-	(*AcceptChannelRequest)(nil),  // 17: slurmmicrovm.agent.v1.AcceptChannelRequest
-	(*Channel)(nil),               // 18: slurmmicrovm.agent.v1.Channel
-	(*ChannelReadRequest)(nil),    // 19: slurmmicrovm.agent.v1.ChannelReadRequest
-	(*ChannelWriteRequest)(nil),   // 20: slurmmicrovm.agent.v1.ChannelWriteRequest
-	(*ChannelCloseRequest)(nil),   // 21: slurmmicrovm.agent.v1.ChannelCloseRequest
-	(*ProcessRequest)(nil),        // 22: slurmmicrovm.agent.v1.ProcessRequest
-	(*WriteStdinRequest)(nil),     // 23: slurmmicrovm.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 24: slurmmicrovm.agent.v1.WriteStdinResponse
-	(*ReadOutputRequest)(nil),     // 25: slurmmicrovm.agent.v1.ReadOutputRequest
-	(*ReadOutputResponse)(nil),    // 26: slurmmicrovm.agent.v1.ReadOutputResponse
-	(*SignalRequest)(nil),         // 27: slurmmicrovm.agent.v1.SignalRequest
-	(*WaitResponse)(nil),          // 28: slurmmicrovm.agent.v1.WaitResponse
-	(*ResizeTTYRequest)(nil),      // 29: slurmmicrovm.agent.v1.ResizeTTYRequest
+	(*SetupResponse)(nil),         // 4: slurmmicrovm.agent.v1.SetupResponse
+	(*SetupRequest)(nil),          // 5: slurmmicrovm.agent.v1.SetupRequest
+	(*Network)(nil),               // 6: slurmmicrovm.agent.v1.Network
+	(*Route)(nil),                 // 7: slurmmicrovm.agent.v1.Route
+	(*Neighbor)(nil),              // 8: slurmmicrovm.agent.v1.Neighbor
+	(*HostEntry)(nil),             // 9: slurmmicrovm.agent.v1.HostEntry
+	(*GPUDriver)(nil),             // 10: slurmmicrovm.agent.v1.GPUDriver
+	(*KernelModule)(nil),          // 11: slurmmicrovm.agent.v1.KernelModule
+	(*DeviceNode)(nil),            // 12: slurmmicrovm.agent.v1.DeviceNode
+	(*Mount)(nil),                 // 13: slurmmicrovm.agent.v1.Mount
+	(*CreateProcessRequest)(nil),  // 14: slurmmicrovm.agent.v1.CreateProcessRequest
+	(*Forward)(nil),               // 15: slurmmicrovm.agent.v1.Forward
+	(*CreateProcessResponse)(nil), // 16: slurmmicrovm.agent.v1.CreateProcessResponse
+	(*ForwardInfo)(nil),           // 17: slurmmicrovm.agent.v1.ForwardInfo
+	(*AcceptChannelRequest)(nil),  // 18: slurmmicrovm.agent.v1.AcceptChannelRequest
+	(*Channel)(nil),               // 19: slurmmicrovm.agent.v1.Channel
+	(*ChannelReadRequest)(nil),    // 20: slurmmicrovm.agent.v1.ChannelReadRequest
+	(*ChannelWriteRequest)(nil),   // 21: slurmmicrovm.agent.v1.ChannelWriteRequest
+	(*ChannelCloseRequest)(nil),   // 22: slurmmicrovm.agent.v1.ChannelCloseRequest
+	(*ProcessRequest)(nil),        // 23: slurmmicrovm.agent.v1.ProcessRequest
+	(*WriteStdinRequest)(nil),     // 24: slurmmicrovm.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 25: slurmmicrovm.agent.v1.WriteStdinResponse
+	(*ReadOutputRequest)(nil),     // 26: slurmmicrovm.agent.v1.ReadOutputRequest
+	(*ReadOutputResponse)(nil),    // 27: slurmmicrovm.agent.v1.ReadOutputResponse
+	(*SignalRequest)(nil),         // 28: slurmmicrovm.agent.v1.SignalRequest
+	(*WaitResponse)(nil),          // 29: slurmmicrovm.agent.v1.WaitResponse
+	(*ResizeTTYRequest)(nil),      // 30: slurmmicrovm.agent.v1.ResizeTTYRequest
 }
 var file_agent_proto_depIdxs = []int32{
-	12, // 0: slurmmicrovm.agent.v1.SetupRequest.mounts:type_name -> slurmmicrovm.agent.v1.Mount
-	9,  // 1: slurmmicrovm.agent.v1.SetupRequest.gpu_driver:type_name -> slurmmicrovm.agent.v1.GPUDriver
-	5,  // 2: slurmmicrovm.agent.v1.SetupRequest.network:type_name -> slurmmicrovm.agent.v1.Network
-	6,  // 3: slurmmicrovm.agent.v1.Network.routes:type_name -> slurmmicrovm.agent.v1.Route
-	7,  // 4: slurmmicrovm.agent.v1.Network.neighbors:type_name -> slurmmicrovm.agent.v1.Neighbor
-	8,  // 5: slurmmicrovm.agent.v1.Network.hosts:type_name -> slurmmicrovm.agent.v1.HostEntry
-	10, // 6: slurmmicrovm.agent.v1.GPUDriver.modules:type_name -> slurmmicrovm.agent.v1.KernelModule
-	11, // 7: slurmmicrovm.agent.v1.GPUDriver.devices:type_name -> slurmmicrovm.agent.v1.DeviceNode
-	14, // 8: slurmmicrovm.agent.v1.CreateProcessRequest.forwards:type_name -> slurmmicrovm.agent.v1.Forward
-	16, // 9: slurmmicrovm.agent.v1.CreateProcessResponse.forwards:type_name -> slurmmicrovm.agent.v1.ForwardInfo
+	13, // 0: slurmmicrovm.agent.v1.SetupRequest.mounts:type_name -> slurmmicrovm.agent.v1.Mount
+	10, // 1: slurmmicrovm.agent.v1.SetupRequest.gpu_driver:type_name -> slurmmicrovm.agent.v1.GPUDriver
+	6,  // 2: slurmmicrovm.agent.v1.SetupRequest.network:type_name -> slurmmicrovm.agent.v1.Network
+	7,  // 3: slurmmicrovm.agent.v1.Network.routes:type_name -> slurmmicrovm.agent.v1.Route
+	8,  // 4: slurmmicrovm.agent.v1.Network.neighbors:type_name -> slurmmicrovm.agent.v1.Neighbor
+	9,  // 5: slurmmicrovm.agent.v1.Network.hosts:type_name -> slurmmicrovm.agent.v1.HostEntry
+	11, // 6: slurmmicrovm.agent.v1.GPUDriver.modules:type_name -> slurmmicrovm.agent.v1.KernelModule
+	12, // 7: slurmmicrovm.agent.v1.GPUDriver.devices:type_name -> slurmmicrovm.agent.v1.DeviceNode
+	15, // 8: slurmmicrovm.agent.v1.CreateProcessRequest.forwards:type_name -> slurmmicrovm.agent.v1.Forward
+	17, // 9: slurmmicrovm.agent.v1.CreateProcessResponse.forwards:type_name -> slurmmicrovm.agent.v1.ForwardInfo
 	0,  // 10: slurmmicrovm.agent.v1.ReadOutputRequest.stream:type_name -> slurmmicrovm.agent.v1.Stream
 	2,  // 11: slurmmicrovm.agent.v1.Agent.Ping:input_type -> slurmmicrovm.agent.v1.PingRequest
-	4,  // 12: slurmmicrovm.agent.v1.Agent.Setup:input_type -> slurmmicrovm.agent.v1.SetupRequest
-	13, // 13: slurmmicrovm.agent.v1.Agent.CreateProcess:input_type -> slurmmicrovm.agent.v1.CreateProcessRequest
-	23, // 14: slurmmicrovm.agent.v1.Agent.WriteStdin:input_type -> slurmmicrovm.agent.v1.WriteStdinRequest
-	22, // 15: slurmmicrovm.agent.v1.Agent.CloseStdin:input_type -> slurmmicrovm.agent.v1.ProcessRequest
-	25, // 16: slurmmicrovm.agent.v1.Agent.ReadOutput:input_type -> slurmmicrovm.agent.v1.ReadOutputRequest
-	27, // 17: slurmmicrovm.agent.v1.Agent.Signal:input_type -> slurmmicrovm.agent.v1.SignalRequest
-	22, // 18: slurmmicrovm.agent.v1.Agent.Wait:input_type -> slurmmicrovm.agent.v1.ProcessRequest
-	29, // 19: slurmmicrovm.agent.v1.Agent.ResizeTTY:input_type -> slurmmicrovm.agent.v1.ResizeTTYRequest
-	17, // 20: slurmmicrovm.agent.v1.Agent.AcceptChannel:input_type -> slurmmicrovm.agent.v1.AcceptChannelRequest
-	19, // 21: slurmmicrovm.agent.v1.Agent.ChannelRead:input_type -> slurmmicrovm.agent.v1.ChannelReadRequest
-	20, // 22: slurmmicrovm.agent.v1.Agent.ChannelWrite:input_type -> slurmmicrovm.agent.v1.ChannelWriteRequest
-	21, // 23: slurmmicrovm.agent.v1.Agent.ChannelClose:input_type -> slurmmicrovm.agent.v1.ChannelCloseRequest
+	5,  // 12: slurmmicrovm.agent.v1.Agent.Setup:input_type -> slurmmicrovm.agent.v1.SetupRequest
+	14, // 13: slurmmicrovm.agent.v1.Agent.CreateProcess:input_type -> slurmmicrovm.agent.v1.CreateProcessRequest
+	24, // 14: slurmmicrovm.agent.v1.Agent.WriteStdin:input_type -> slurmmicrovm.agent.v1.WriteStdinRequest
+	23, // 15: slurmmicrovm.agent.v1.Agent.CloseStdin:input_type -> slurmmicrovm.agent.v1.ProcessRequest
+	26, // 16: slurmmicrovm.agent.v1.Agent.ReadOutput:input_type -> slurmmicrovm.agent.v1.ReadOutputRequest
+	28, // 17: slurmmicrovm.agent.v1.Agent.Signal:input_type -> slurmmicrovm.agent.v1.SignalRequest
+	23, // 18: slurmmicrovm.agent.v1.Agent.Wait:input_type -> slurmmicrovm.agent.v1.ProcessRequest
+	30, // 19: slurmmicrovm.agent.v1.Agent.ResizeTTY:input_type -> slurmmicrovm.agent.v1.ResizeTTYRequest
+	18, // 20: slurmmicrovm.agent.v1.Agent.AcceptChannel:input_type -> slurmmicrovm.agent.v1.AcceptChannelRequest
+	20, // 21: slurmmicrovm.agent.v1.Agent.ChannelRead:input_type -> slurmmicrovm.agent.v1.ChannelReadRequest
+	21, // 22: slurmmicrovm.agent.v1.Agent.ChannelWrite:input_type -> slurmmicrovm.agent.v1.ChannelWriteRequest
+	22, // 23: slurmmicrovm.agent.v1.Agent.ChannelClose:input_type -> slurmmicrovm.agent.v1.ChannelCloseRequest
 	1,  // 24: slurmmicrovm.agent.v1.Agent.Shutdown:input_type -> slurmmicrovm.agent.v1.Empty
 	3,  // 25: slurmmicrovm.agent.v1.Agent.Ping:output_type -> slurmmicrovm.agent.v1.PingResponse
-	1,  // 26: slurmmicrovm.agent.v1.Agent.Setup:output_type -> slurmmicrovm.agent.v1.Empty
-	15, // 27: slurmmicrovm.agent.v1.Agent.CreateProcess:output_type -> slurmmicrovm.agent.v1.CreateProcessResponse
-	24, // 28: slurmmicrovm.agent.v1.Agent.WriteStdin:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
+	4,  // 26: slurmmicrovm.agent.v1.Agent.Setup:output_type -> slurmmicrovm.agent.v1.SetupResponse
+	16, // 27: slurmmicrovm.agent.v1.Agent.CreateProcess:output_type -> slurmmicrovm.agent.v1.CreateProcessResponse
+	25, // 28: slurmmicrovm.agent.v1.Agent.WriteStdin:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
 	1,  // 29: slurmmicrovm.agent.v1.Agent.CloseStdin:output_type -> slurmmicrovm.agent.v1.Empty
-	26, // 30: slurmmicrovm.agent.v1.Agent.ReadOutput:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
+	27, // 30: slurmmicrovm.agent.v1.Agent.ReadOutput:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
 	1,  // 31: slurmmicrovm.agent.v1.Agent.Signal:output_type -> slurmmicrovm.agent.v1.Empty
-	28, // 32: slurmmicrovm.agent.v1.Agent.Wait:output_type -> slurmmicrovm.agent.v1.WaitResponse
+	29, // 32: slurmmicrovm.agent.v1.Agent.Wait:output_type -> slurmmicrovm.agent.v1.WaitResponse
 	1,  // 33: slurmmicrovm.agent.v1.Agent.ResizeTTY:output_type -> slurmmicrovm.agent.v1.Empty
-	18, // 34: slurmmicrovm.agent.v1.Agent.AcceptChannel:output_type -> slurmmicrovm.agent.v1.Channel
-	26, // 35: slurmmicrovm.agent.v1.Agent.ChannelRead:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
-	24, // 36: slurmmicrovm.agent.v1.Agent.ChannelWrite:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
+	19, // 34: slurmmicrovm.agent.v1.Agent.AcceptChannel:output_type -> slurmmicrovm.agent.v1.Channel
+	27, // 35: slurmmicrovm.agent.v1.Agent.ChannelRead:output_type -> slurmmicrovm.agent.v1.ReadOutputResponse
+	25, // 36: slurmmicrovm.agent.v1.Agent.ChannelWrite:output_type -> slurmmicrovm.agent.v1.WriteStdinResponse
 	1,  // 37: slurmmicrovm.agent.v1.Agent.ChannelClose:output_type -> slurmmicrovm.agent.v1.Empty
 	1,  // 38: slurmmicrovm.agent.v1.Agent.Shutdown:output_type -> slurmmicrovm.agent.v1.Empty
 	25, // [25:39] is the sub-list for method output_type
@@ -2184,7 +2276,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

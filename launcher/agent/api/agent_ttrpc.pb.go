@@ -9,7 +9,7 @@ import (
 
 type AgentService interface {
 	Ping(context.Context, *PingRequest) (*PingResponse, error)
-	Setup(context.Context, *SetupRequest) (*Empty, error)
+	Setup(context.Context, *SetupRequest) (*SetupResponse, error)
 	CreateProcess(context.Context, *CreateProcessRequest) (*CreateProcessResponse, error)
 	WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error)
 	CloseStdin(context.Context, *ProcessRequest) (*Empty, error)
@@ -147,8 +147,8 @@ func (c *agentClient) Ping(ctx context.Context, req *PingRequest) (*PingResponse
 	return &resp, nil
 }
 
-func (c *agentClient) Setup(ctx context.Context, req *SetupRequest) (*Empty, error) {
-	var resp Empty
+func (c *agentClient) Setup(ctx context.Context, req *SetupRequest) (*SetupResponse, error) {
+	var resp SetupResponse
 	if err := c.client.Call(ctx, "slurmmicrovm.agent.v1.Agent", "Setup", req, &resp); err != nil {
 		return nil, err
 	}

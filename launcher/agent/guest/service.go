@@ -49,7 +49,24 @@ type Options struct {
 	// its own there, which tells its OOM kills apart from other
 	// processes'. "": the guest-wide /proc/vmstat counter is used.
 	Cgroup string
+	// Boot holds the agent's own boot marks, filled by PID 1 before it
+	// serves; Setup answers with them. Nil: no marks (tests).
+	Boot *BootMarks
 	Logger *slog.Logger
+}
+
+// BootMarks are points of the agent's start-up, as the guest's
+// CLOCK_BOOTTIME (Uptime).
+type BootMarks struct {
+	Start, ModulesDone, Serving time.Duration
+}
+
+// Uptime is the guest's CLOCK_BOOTTIME: time since the kernel's clock
+// began, comparable with the kernel log's timestamps.
+func Uptime() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+	return time.Duration(ts.Nano())
 }
 
 // Service implements api.AgentService.
@@ -109,11 +126,7 @@ func (s *Service) Close() { s.reaper.stop() }
 
 // uptimeMs is CLOCK_BOOTTIME in ms: guest-side timestamps comparable with
 // the kernel's log.
-func uptimeMs() int64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
-	return ts.Nano() / 1e6
-}
+func uptimeMs() int64 { return Uptime().Milliseconds() }
 
 func (s *Service) Ping(ctx context.Context, _ *api.PingRequest) (*api.PingResponse, error) {
 	var uts unix.Utsname
@@ -126,13 +139,14 @@ func (s *Service) Ping(ctx context.Context, _ *api.PingRequest) (*api.PingRespon
 	}, nil
 }
 
-func (s *Service) Setup(ctx context.Context, req *api.SetupRequest) (*api.Empty, error) {
+func (s *Service) Setup(ctx context.Context, req *api.SetupRequest) (*api.SetupResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.setup != nil {
 		return nil, status.Error(codes.FailedPrecondition, "sandbox is already set up")
 	}
-	s.log.Debug("setup received", "uptime_ms", uptimeMs())
+	begun := Uptime()
+	s.log.Debug("setup received", "uptime_ms", begun.Milliseconds())
 	root := ""
 	if s.opts.Setup != nil {
 		r, err := s.opts.Setup(ctx, req)
@@ -145,8 +159,15 @@ func (s *Service) Setup(ctx context.Context, req *api.SetupRequest) (*api.Empty,
 		root = ""
 	}
 	s.setup, s.root = req, root
-	s.log.Info("sandbox set up", "uptime_ms", uptimeMs(), "uid", req.Uid, "gid", req.Gid, "groups", req.Groups, "root", root)
-	return &api.Empty{}, nil
+	done := Uptime()
+	s.log.Info("sandbox set up", "uptime_ms", done.Milliseconds(), "uid", req.Uid, "gid", req.Gid, "groups", req.Groups, "root", root)
+	resp := &api.SetupResponse{SetupStartUs: uint64(begun.Microseconds()), SetupDoneUs: uint64(done.Microseconds())}
+	if b := s.opts.Boot; b != nil {
+		resp.AgentStartUs = uint64(b.Start.Microseconds())
+		resp.ModulesDoneUs = uint64(b.ModulesDone.Microseconds())
+		resp.ServingUs = uint64(b.Serving.Microseconds())
+	}
+	return resp, nil
 }
 
 func (s *Service) identity() (*api.SetupRequest, string, error) {
