@@ -51,7 +51,7 @@ type Options struct {
 	Cgroup string
 	// Boot holds the agent's own boot marks, filled by PID 1 before it
 	// serves; Setup answers with them. Nil: no marks (tests).
-	Boot *BootMarks
+	Boot   *BootMarks
 	Logger *slog.Logger
 }
 
