@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/fs"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
@@ -147,6 +148,19 @@ type QEMU struct {
 	RunAs *bool `toml:"runas"`
 	// Seccomp turns on QEMU's seccomp sandbox (-sandbox on,...).
 	Seccomp *bool `toml:"seccomp"`
+	// HugePages is a hugetlbfs mount (e.g. "/dev/hugepages") the guest
+	// RAM of a step with passed-through devices (GPUs) is taken from: VFIO
+	// pins all of a passthrough guest's memory when the VMM starts, and
+	// pinning 2 MiB or 1 GiB pages is what keeps that start short for a
+	// large guest. QEMU, as the job's user, creates an unlinked file
+	// there, so the mount must be writable by the jobs' users and sticky
+	// (mode 1777 or 1770 with a group they share). The pages are the
+	// node's hugetlb pool, which Slurm's memory cgroup (v1) does not
+	// charge: size the pool for the passthrough steps. "" (default):
+	// anonymous memory, preallocated by as many threads as the guest has
+	// vCPUs. Steps without passthrough always use anonymous memory,
+	// populated lazily.
+	HugePages string `toml:"hugepages"`
 }
 
 // Kata is [kata]: the Kata Containers driver (launcher/kata), used with
@@ -408,6 +422,9 @@ func (c *Config) validate(path string, data []byte) []error {
 	if c.QEMU.Binary == "" {
 		bad("qemu.binary", "must not be empty")
 	}
+	if h := c.QEMU.HugePages; h != "" && (!strings.HasPrefix(h, "/") || strings.ContainsAny(h, "\n\x00,")) {
+		bad("qemu.hugepages", "%q must be an absolute path without commas (a hugetlbfs mount)", h)
+	}
 	if !strings.HasPrefix(c.QEMU.Agent, "/") {
 		bad("qemu.agent", "%q must be an absolute path", c.QEMU.Agent)
 	}
@@ -621,12 +638,39 @@ func (c *Config) CheckHost(path string) error {
 	if err := fs.CheckLocalStore("cache_dir", c.CacheDir); err != nil {
 		errs = append(errs, &Error{Path: path, Key: "cache_dir", Msg: err.Error()})
 	}
+	if c.QEMU.HugePages != "" {
+		if err := CheckHugePages(c.QEMU.HugePages); err != nil {
+			errs = append(errs, &Error{Path: path, Key: "qemu.hugepages", Msg: err.Error()})
+		}
+	}
 	if c.QEMU.Kernel != "" {
 		if _, err := os.Stat(c.QEMU.Kernel); err != nil {
 			errs = append(errs, &Error{Path: path, Key: "qemu.kernel", Msg: fmt.Sprintf("%q: %v", c.QEMU.Kernel, err)})
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// CheckHugePages checks that dir is a hugetlbfs mount (statfs(2) f_type
+// HUGETLBFS_MAGIC) that the jobs' users can create files in, sticky so
+// none can remove another's (qemu.hugepages).
+func CheckHugePages(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("%q: %w", dir, err)
+	}
+	if st.Type != unix.HUGETLBFS_MAGIC {
+		return fmt.Errorf("%q is not a hugetlbfs mount (mount -t hugetlbfs -o mode=1777,pagesize=1G none %s)", dir, dir)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("%q: %w", dir, err)
+	}
+	m := fi.Mode()
+	if m&os.ModeSticky == 0 || m.Perm()&0o003 != 0o003 && m.Perm()&0o030 != 0o030 {
+		return fmt.Errorf("%q has mode %s: QEMU runs as the job's user and creates its guest RAM file there; make it sticky and writable by the jobs' users (mode=1777)", dir, m)
+	}
+	return nil
 }
 
 // moduleName is a kernel module name as modules.dep(5) and insmod take it.

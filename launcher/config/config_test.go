@@ -3,13 +3,16 @@ package config
 import (
 	"errors"
 	"fmt"
-	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 func TestParse(t *testing.T) {
@@ -243,5 +246,31 @@ func TestBoolDefaultsIndependent(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("%q: runas, seccomp, inject = %v, want %v", tc.file, got, tc.want)
 		}
+	}
+}
+
+// TestCheckHugePages: qemu.hugepages must be a hugetlbfs mount the jobs'
+// users can create files in, sticky; checked on a real hugetlbfs mount.
+func TestCheckHugePages(t *testing.T) {
+	if err := CheckHugePages(t.TempDir()); err == nil || !strings.Contains(err.Error(), "not a hugetlbfs mount") {
+		t.Fatalf("a plain directory: %v", err)
+	}
+	prereq.Root(t, "mount hugetlbfs")
+	for _, c := range []struct {
+		mode string
+		ok   bool
+	}{{"1777", true}, {"1770", true}, {"0777", false}, {"0755", false}} {
+		dir := t.TempDir()
+		if err := unix.Mount("none", dir, "hugetlbfs", 0, "mode="+c.mode); err != nil {
+			prereq.Missing(t, "mount hugetlbfs: %v", err)
+		}
+		err := CheckHugePages(dir)
+		_ = unix.Unmount(dir, 0)
+		if (err == nil) != c.ok {
+			t.Errorf("mode %s: %v, want ok=%v", c.mode, err, c.ok)
+		}
+	}
+	if _, err := Parse("t.toml", []byte("[qemu]\nhugepages = \"dev/hugepages\"\n")); err == nil || !strings.Contains(err.Error(), "qemu.hugepages") {
+		t.Errorf("a relative qemu.hugepages: %v", err)
 	}
 }

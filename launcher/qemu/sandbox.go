@@ -40,8 +40,11 @@ type Options struct {
 	// supplementary groups of the SandboxConfig) when the caller is root.
 	// Off, QEMU keeps the caller's identity, and a root caller then gets
 	// no host shares (see Start).
-	RunAs       bool
-	Seccomp     bool
+	RunAs   bool
+	Seccomp bool
+	// HugePages is the hugetlbfs mount a passthrough guest's RAM comes
+	// from (config qemu.hugepages); "": anonymous memory.
+	HugePages   string
 	BootTimeout time.Duration
 	StopGrace   time.Duration
 	// ConsoleMaxBytes bounds the guest console kept in the state
@@ -133,7 +136,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 			return nil, errors.New(d.noPassthrough())
 		}
 		var err error
-		if machineArgs, err = PCIArgs(cfg.Devices, Memory{MiB: cfg.MemoryMiB, PreallocThreads: cfg.CPUs}, cfg.PCIHole64); err != nil {
+		if machineArgs, err = PCIArgs(cfg.Devices, Memory{MiB: cfg.MemoryMiB, PreallocThreads: cfg.CPUs, HugePages: d.o.HugePages}, cfg.PCIHole64); err != nil {
 			return nil, err
 		}
 		for _, dev := range cfg.Devices {

@@ -49,6 +49,7 @@ func byName(cfg *config.Config, name string, o Options) (driver.Driver, error) {
 			Binary: cfg.QEMU.Binary, Accel: accel,
 			RunAs:       *cfg.QEMU.RunAs,
 			Seccomp:     *cfg.QEMU.Seccomp,
+			HugePages:   cfg.QEMU.HugePages,
 			BootTimeout: cfg.Timeouts.Boot.Duration,
 			StopGrace:   cfg.Timeouts.StopGrace.Duration,
 			Trampoline:  o.Trampoline,
