@@ -1,10 +1,18 @@
 // Package bench measures slurm-microvm side by side with its baselines in
-// one run (`make bench`). Targets are ratios, never timed assertions:
+// one run (`make bench`), each figure with its target and the command that
+// measures it (benchreport), printed and written as JSON; the README's
+// measurements are regenerated from that JSON (benchdoc). Targets are
+// ratios measured in the same run, never timed assertions:
 //
-//   - step launch: `srun --microvm=IMG true` vs a bare QEMU boot of the same
-//     kernel and initramfs (same accelerator, same machine options) whose
-//     PID 1 powers off at once; target: at most 1.15 once the image is
-//     cached.
+//   - launch: `srun --microvm=IMG true` vs a bare QEMU boot of the same
+//     kernel and initramfs (same accelerator and machine) whose PID 1
+//     powers off at once, target at most 1.15, with the breakdown of the
+//     median round, read off the supervisor's log and the guest's boot
+//     marks, whose parts add up to it;
+//   - size: the same step from 1 vCPU and 512 MiB to all CPUs and the
+//     node's memory, each within 10% of the small shape;
+//   - memory: the VMM's resident memory beyond the guest's;
+//   - exec, placement, shares, baseline, mpi: their own files.
 package bench
 
 import (
