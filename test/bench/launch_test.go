@@ -205,9 +205,12 @@ func medianRound(rs []launchRound) launchRound {
 	return s[len(s)/2]
 }
 
-// vmmMemory is the VMM's resident memory at agent ready, split.
+// vmmMemory is the VMM's resident memory at agent ready, split: the
+// guest's RAM, and beyond it TCG's code buffers, mapped files (QEMU and
+// its libraries, the kernel and initramfs it keeps mapped: page cache,
+// shared between VMMs) and the VMM's own anonymous memory.
 type vmmMemory struct {
-	GuestMiB, VMMMiB, TCGMiB float64
+	GuestMiB, VMMMiB, TCGMiB, FilesMiB, OwnMiB float64
 }
 
 // readVMMMemory reads /proc/<vmm>/smaps of the sandbox in stateDir: the
@@ -224,7 +227,7 @@ func readVMMMemory(stateDir string, guestMiB uint64) (vmmMemory, error) {
 	}
 	defer f.Close()
 	var m vmmMemory
-	var total, guest, tcg uint64
+	var total, guest, tcg, files uint64
 	var perms, path string
 	var size uint64
 	sc := bufio.NewScanner(f)
@@ -252,6 +255,8 @@ func readVMMMemory(stateDir string, guestMiB uint64) (vmmMemory, error) {
 				guest += kb
 			case anon && strings.HasPrefix(perms, "rwx"):
 				tcg += kb
+			case strings.HasPrefix(path, "/"):
+				files += kb
 			}
 		}
 	}
@@ -261,6 +266,8 @@ func readVMMMemory(stateDir string, guestMiB uint64) (vmmMemory, error) {
 	m.GuestMiB = float64(guest) / 1024
 	m.VMMMiB = float64(total-guest) / 1024
 	m.TCGMiB = float64(tcg) / 1024
+	m.FilesMiB = float64(files) / 1024
+	m.OwnMiB = float64(total-guest-tcg-files) / 1024
 	return m, sc.Err()
 }
 
@@ -277,6 +284,8 @@ func medianMemory(ms []vmmMemory) vmmMemory {
 		GuestMiB: pick(func(m vmmMemory) float64 { return m.GuestMiB }),
 		VMMMiB:   pick(func(m vmmMemory) float64 { return m.VMMMiB }),
 		TCGMiB:   pick(func(m vmmMemory) float64 { return m.TCGMiB }),
+		FilesMiB: pick(func(m vmmMemory) float64 { return m.FilesMiB }),
+		OwnMiB:   pick(func(m vmmMemory) float64 { return m.OwnMiB }),
 	}
 }
 
