@@ -126,4 +126,29 @@
 //     step's cgroups would take its memory off the step and out of Slurm's
 //     reach. Go's os/exec resets a child's mask, hence the extra exec
 //     (about 1 ms; TestTrampoline, and poc fault.scancel-job end to end).
+//   - The boot is split by the guest's own marks (BootTimeline): the
+//     agent's Setup answer carries its CLOCK_BOOTTIME at PID 1's start, after
+//     the boot modules, when it serves, and around Setup; the host's time
+//     from the spawn to that answer minus the last mark is the VMM's part
+//     (QEMU's start, the kernel's load and its steps before its clock runs).
+//     The parts add up to the boot by construction and are logged once per
+//     step (msg="boot timeline"). The alternative, the kernel log's
+//     timestamps on the console, needs a verbose console (quiet hides
+//     them) and parsing text a kernel update may change.
+//   - Guest memory and size: a guest without passthrough gets anonymous
+//     memory that QEMU maps and the guest populates as it touches it, so a
+//     large guest costs its host nothing at start. What a large guest does
+//     cost at boot is the guest kernel's own memory map (struct pages, hash
+//     tables sized by memory), in the "kernel boot to PID 1" part: under
+//     TCG about as much again per 10 GiB as the whole boot of a 512 MiB
+//     guest (make bench, size), under KVM a small fraction of that. A
+//     passthrough guest (q35, VFIO) must have all its memory present and
+//     pinned when the device is realised, the phase Kata reports at 21 s to
+//     over 200 s for 24 GiB: MachineArgs preallocates it with one thread per
+//     vCPU (prealloc-threads), from the hugetlbfs mount of qemu.hugepages
+//     when the site sets one (a 1 GiB page pins in one step instead of
+//     262144). Not done: hot-plugging the memory after boot (virtio-mem),
+//     which moves the memory map's cost out of the boot but not out of the
+//     way of the task, which must not start before its memory is there
+//     (or the guest OOM-kills what the host allocation allows).
 package qemu
