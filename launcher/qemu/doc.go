@@ -140,8 +140,8 @@
 //     large guest costs its host nothing at start. What a large guest does
 //     cost at boot is the guest kernel's own memory map (struct pages, hash
 //     tables sized by memory), in the "kernel boot to PID 1" part: under
-//     TCG about as much again per 10 GiB as the whole boot of a 512 MiB
-//     guest (make bench, size), under KVM a small fraction of that. A
+//     TCG about 0.1 s per GiB (make bench, size: 2.2 s more for the node's
+//     23 GiB than for 512 MiB), under KVM a small fraction of that. A
 //     passthrough guest (q35, VFIO) must have all its memory present and
 //     pinned when the device is realised, the phase Kata reports at 21 s to
 //     over 200 s for 24 GiB: MachineArgs preallocates it with one thread per
