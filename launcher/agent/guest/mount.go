@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -38,12 +37,6 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 			return "", fmt.Errorf("network set-up refused: %w", err)
 		}
 	}
-	// The modules of the shares and of the network device load while the
-	// root is mounted, on the other vCPUs; each user waits for its set
-	// first (its own Load then finds them present).
-	shareMods := preload(ctx, guestmod.Config{ShareOnly: true}, len(req.Mounts) > 0 || req.GpuDriver != nil)
-	netMods := preload(ctx, guestmod.Config{NetOnly: true}, netc != nil)
-	defer func() { _, _ = shareMods(), netMods() }() // none outlives Setup
 	fstype := req.RootFstype
 	if fstype == "" {
 		fstype = "erofs"
@@ -121,9 +114,6 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 	}
 	// The driver first: a user's share over a parent of its directories
 	// then hides them rather than receiving a mount point.
-	if err := shareMods(); err != nil {
-		return "", fmt.Errorf("load modules for host shares: %w", err)
-	}
 	if req.GpuDriver != nil {
 		if err := SetupGPUDriver(ctx, rootDir, req.GpuDriver); err != nil {
 			return "", err
@@ -141,9 +131,6 @@ func MountRoot(ctx context.Context, req *api.SetupRequest) (string, error) {
 	}
 	if err := allowPingSockets(pingGroupRange); err != nil {
 		return "", err
-	}
-	if err := netMods(); err != nil {
-		return "", fmt.Errorf("load modules for the network device: %w", err)
 	}
 	if netc != nil {
 		// The step's /etc/hosts replaces the image's: it maps the step's
@@ -254,19 +241,4 @@ func addHost(hosts, name string) error {
 		}
 	}
 	return os.WriteFile(hosts, append(b, add...), 0o644)
-}
-
-// preload starts loading the modules c selects when needed and returns
-// the wait for it: its first call blocks until the load ended and returns
-// its error, later calls return the same. Not needed: the wait returns nil.
-func preload(ctx context.Context, c guestmod.Config, needed bool) func() error {
-	if !needed {
-		return func() error { return nil }
-	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := guestmod.Load(ctx, c)
-		done <- err
-	}()
-	return sync.OnceValue(func() error { return <-done })
 }

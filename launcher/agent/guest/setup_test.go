@@ -2,12 +2,10 @@ package guest
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
-	"github.com/slurm-microvm/slurm-microvm/launcher/assets/guestmod"
 )
 
 // Setup answers with the agent's boot marks and its own span, in order,
@@ -30,19 +28,5 @@ func TestSetupAnswersBootMarks(t *testing.T) {
 	}
 	if r.SetupStartUs < r.ServingUs || r.SetupDoneUs < r.SetupStartUs+2000 {
 		t.Fatalf("setup span %d..%d us does not follow serving at %d us and cover the 2 ms set-up", r.SetupStartUs, r.SetupDoneUs, r.ServingUs)
-	}
-}
-
-// preload's wait returns the load's own result, the same on every call,
-// and nil when nothing is needed.
-func TestPreload(t *testing.T) {
-	ctx := context.Background()
-	if err := preload(ctx, guestmod.Config{Root: t.TempDir()}, false)(); err != nil {
-		t.Fatalf("not needed: %v", err)
-	}
-	wait := preload(ctx, guestmod.Config{Root: t.TempDir(), Release: "6.1.0-test"}, true)
-	err1, err2 := wait(), wait()
-	if err1 == nil || !strings.Contains(err1.Error(), "6.1.0-test") || err2 != err1 {
-		t.Fatalf("a load without an order file: %v, then %v", err1, err2)
 	}
 }
