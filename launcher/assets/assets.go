@@ -40,7 +40,7 @@ const (
 
 // formatVersion changes whenever the layout or content rules of a cache
 // entry change, so old entries are not reused.
-const formatVersion = "slurm-microvm-assets/5"
+const formatVersion = "slurm-microvm-assets/4"
 
 // Options say what to build the guest boot pair from.
 type Options struct {

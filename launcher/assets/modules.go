@@ -195,40 +195,7 @@ func (ix *ModuleIndex) Resolve(requested, required []string, log *slog.Logger) (
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("resolve modules: required %s not found in %s (neither in modules.dep nor modules.builtin)", strings.Join(missing, ", "), ix.Dir)
 	}
-	r.assignLevels()
 	return r.out, nil
-}
-
-// assignLevels gives each entry of the order its load stage
-// (guestmod.FlagLevel): one above the highest of the entries before it
-// that it must follow, which are its hard dependencies, its pre- soft
-// dependencies and the modules that name it as a post- soft dependency.
-func (r *resolver) assignLevels() {
-	after := map[string][]string{} // module -> modules it loads after
-	for _, e := range r.out {
-		name := e.Name()
-		after[name] = append(after[name], r.ix.deps[name]...)
-		for _, s := range r.ix.softPre[name] {
-			after[name] = append(after[name], r.softTargets(s)...)
-		}
-		for _, s := range r.ix.softPost[name] {
-			for _, m := range r.softTargets(s) {
-				after[m] = append(after[m], name)
-			}
-		}
-	}
-	level := map[string]int{}
-	for i := range r.out {
-		name := r.out[i].Name()
-		l := 1
-		for _, p := range after[name] {
-			if j, ok := r.index[p]; ok && j < i {
-				l = max(l, level[p]+1)
-			}
-		}
-		level[name] = l
-		r.out[i].Level = l
-	}
 }
 
 type resolver struct {

@@ -187,38 +187,3 @@ func TestResolveDebianDefaults(t *testing.T) {
 	}
 	t.Logf("%d modules for %s", len(entries), bz.Version)
 }
-
-// TestResolveLevels: every module's level is above the level of each
-// module it must follow (hard deps, pre- softdeps, a module naming it as a
-// post- softdep), and modules that need nothing of each other share one.
-func TestResolveLevels(t *testing.T) {
-	dir := fakeModules(t, t.TempDir(), "6.9.0-test", fixtureDep, fixtureSoftdep, fixtureAlias, fixtureBuiltin)
-	ix, err := LoadModuleIndex(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	entries, err := ix.Resolve([]string{"virtio_mmio", "virtio_blk", "virtio_console", "erofs", "overlay", "ipmi_msghandler"}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	level := map[string]int{}
-	for _, e := range entries {
-		if e.Level < 1 {
-			t.Fatalf("%s has no level", e.Name())
-		}
-		level[e.Name()] = e.Level
-	}
-	for _, before := range [][2]string{
-		{"virtio", "virtio_mmio"}, {"virtio_ring", "virtio_blk"}, {"crc32c_generic", "libcrc32c"},
-		{"crc32c_intel", "libcrc32c"}, {"libcrc32c", "erofs"}, {"ipmi_msghandler", "ipmi_devintf"},
-	} {
-		if level[before[0]] >= level[before[1]] {
-			t.Errorf("%s at level %d, not below %s at level %d", before[0], level[before[0]], before[1], level[before[1]])
-		}
-	}
-	for _, same := range [][2]string{{"virtio_mmio", "virtio_blk"}, {"overlay", "virtio"}} {
-		if level[same[0]] != level[same[1]] {
-			t.Errorf("%s (level %d) and %s (level %d) need nothing of each other but load at different stages", same[0], level[same[0]], same[1], level[same[1]])
-		}
-	}
-}

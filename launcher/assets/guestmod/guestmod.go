@@ -37,10 +37,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -65,12 +62,6 @@ const FlagShare = "share"
 // loaded when a step has a network.
 const FlagNet = "net"
 
-// FlagLevel ("level=N", N >= 1) is an entry's stage: every module it
-// needs (hard and pre- soft dependencies) sits at a lower level, so the
-// modules of one level load at the same time (Load) once the levels below
-// are in. An order file without levels loads one module after the other.
-const FlagLevel = "level"
-
 // Entry is one line of the order file.
 type Entry struct {
 	// Path is relative to /lib/modules/<release>, e.g. "kernel/fs/erofs/erofs.ko".
@@ -83,9 +74,6 @@ type Entry struct {
 	Share bool `json:"share,omitempty"`
 	// Net is set for modules the network device needs (virtio_net).
 	Net bool `json:"net,omitempty"`
-	// Level is the entry's load stage (FlagLevel); 0: unknown, the
-	// entries then load in file order.
-	Level int `json:"level,omitempty"`
 }
 
 // Name is the kernel's name for the module: the file name without ".ko",
@@ -126,9 +114,6 @@ func WriteOrder(w io.Writer, release string, entries []Entry) error {
 		if e.Net {
 			line += " " + FlagNet
 		}
-		if e.Level > 0 {
-			line += fmt.Sprintf(" %s=%d", FlagLevel, e.Level)
-		}
 		fmt.Fprintln(bw, line)
 	}
 	return bw.Flush()
@@ -160,15 +145,7 @@ func ParseOrder(r io.Reader) ([]Entry, error) {
 			case FlagNet:
 				e.Net = true
 			default:
-				if v, ok := strings.CutPrefix(flag, FlagLevel+"="); ok {
-					lv, err := strconv.Atoi(v)
-					if err != nil || lv < 1 {
-						return nil, fmt.Errorf("module order line %d: %q: a level is a whole number from 1", n, flag)
-					}
-					e.Level = lv
-					continue
-				}
-				return nil, fmt.Errorf("module order line %d: unknown flag %q (known: %s, %s, %s, %s, %s=N)", n, flag, FlagOptional, FlagBoot, FlagShare, FlagNet, FlagLevel)
+				return nil, fmt.Errorf("module order line %d: unknown flag %q (known: %s, %s, %s, %s)", n, flag, FlagOptional, FlagBoot, FlagShare, FlagNet)
 			}
 		}
 		out = append(out, e)
@@ -250,40 +227,23 @@ func Load(ctx context.Context, c Config) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("load modules for kernel %s: %s: %w", rel, orderPath, err)
 	}
-	var picked []Entry
-	for _, e := range entries {
-		if (c.BootOnly && !e.Boot) || (c.ShareOnly && !e.Share) || (c.NetOnly && !e.Net) {
-			continue
-		}
-		picked = append(picked, e)
-	}
-	errsOf := make([]error, len(picked))
 	var errs []error
-	for _, stage := range Stages(picked) {
+	for _, e := range entries {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("load modules: %w", err)
 		}
-		// One finit_module(2) per module of the stage at once: the
-		// kernel relocates and initialises them on as many vCPUs.
-		var wg sync.WaitGroup
-		for _, i := range stage {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errsOf[i] = finit(filepath.Join(dir, filepath.FromSlash(picked[i].Path)))
-			}()
+		if (c.BootOnly && !e.Boot) || (c.ShareOnly && !e.Share) || (c.NetOnly && !e.Net) {
+			continue
 		}
-		wg.Wait()
-	}
-	for i, e := range picked {
-		err := errsOf[i]
+		p := filepath.Join(dir, filepath.FromSlash(e.Path))
+		err := finit(p)
 		switch {
 		case err == nil:
 			res.Loaded = append(res.Loaded, e.Name())
 		case errors.Is(err, unix.EEXIST):
 			res.AlreadyPresent = append(res.AlreadyPresent, e.Name())
 		default:
-			me := &ModuleError{Module: e.Name(), Path: filepath.Join(dir, filepath.FromSlash(e.Path)), Err: err}
+			me := &ModuleError{Module: e.Name(), Path: p, Err: err}
 			if e.Optional {
 				res.OptionalFailed = append(res.OptionalFailed, me)
 			} else {
@@ -292,39 +252,6 @@ func Load(ctx context.Context, c Config) (Result, error) {
 		}
 	}
 	return res, errors.Join(errs...)
-}
-
-// Stages groups the indexes of entries into the stages Load runs one
-// after the other: by Level, lowest first, each stage in file order. If
-// any entry has no level (an older order file), every entry is a stage of
-// its own, in file order.
-func Stages(entries []Entry) [][]int {
-	leveled := true
-	for _, e := range entries {
-		if e.Level < 1 {
-			leveled = false
-		}
-	}
-	var out [][]int
-	if !leveled {
-		for i := range entries {
-			out = append(out, []int{i})
-		}
-		return out
-	}
-	byLevel := map[int][]int{}
-	var levels []int
-	for i, e := range entries {
-		if _, ok := byLevel[e.Level]; !ok {
-			levels = append(levels, e.Level)
-		}
-		byLevel[e.Level] = append(byLevel[e.Level], i)
-	}
-	sort.Ints(levels)
-	for _, l := range levels {
-		out = append(out, byLevel[l])
-	}
-	return out
 }
 
 // finit loads one module file with finit_module(2), no parameters.

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -130,49 +129,5 @@ func TestLoadCancelled(t *testing.T) {
 	cancel()
 	if _, err := Load(ctx, Config{Root: root, Release: "r"}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Load with a cancelled context = %v", err)
-	}
-}
-
-func TestStages(t *testing.T) {
-	cases := []struct {
-		name   string
-		levels []int
-		want   [][]int
-	}{
-		{"levels", []int{1, 2, 1, 3, 2}, [][]int{{0, 2}, {1, 4}, {3}}},
-		{"no levels: file order", []int{0, 0, 0}, [][]int{{0}, {1}, {2}}},
-		{"one entry without a level: file order", []int{1, 0}, [][]int{{0}, {1}}},
-		{"none", nil, nil},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			var es []Entry
-			for _, l := range c.levels {
-				es = append(es, Entry{Path: "m.ko", Level: l})
-			}
-			if got := Stages(es); !reflect.DeepEqual(got, c.want) {
-				t.Fatalf("Stages(%v) = %v, want %v", c.levels, got, c.want)
-			}
-		})
-	}
-}
-
-func TestOrderLevels(t *testing.T) {
-	var buf bytes.Buffer
-	in := []Entry{{Path: "a.ko", Boot: true, Level: 1}, {Path: "b.ko", Level: 2}, {Path: "c.ko"}}
-	if err := WriteOrder(&buf, "6.1.0", in); err != nil {
-		t.Fatal(err)
-	}
-	out, err := ParseOrder(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(in, out) {
-		t.Fatalf("round trip: %+v, want %+v", out, in)
-	}
-	for _, bad := range []string{"a.ko level=0\n", "a.ko level=x\n", "a.ko level=-2\n"} {
-		if _, err := ParseOrder(strings.NewReader(bad)); err == nil {
-			t.Errorf("%q parsed", bad)
-		}
 	}
 }
