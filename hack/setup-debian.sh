@@ -40,6 +40,7 @@ PACKAGES=(
 	slurmdbd mariadb-server           # test cluster's accounting mode (ACCOUNTING=1): GPU quotas
 	chromium                          # headless browser: the poc report's HTML test (launcher/poc/report)
 	containerd runc                   # containerd-shim-runc-v2 and containerd: stand in for Kata's shim (launcher/kata)
+	crun                              # with runc: Slurm's own srun --container, the bench's baseline (test/bench)
 )
 
 if [[ -r /etc/os-release ]]; then

@@ -58,6 +58,11 @@ var prerequisites = []string{
 // prerequisites (packages iproute2, util-linux, coreutils).
 var twoNodePrerequisites = []string{"ip", "nsenter", "setpriv", "md5sum"}
 
+// ociPrerequisites are what Options.OCIRuntime needs besides
+// prerequisites (packages runc and crun; the bench and its test switch
+// between the two).
+var ociPrerequisites = []string{"runc", "crun", "mount", "umount"}
+
 // accountingPrerequisites are what Options.Accounting needs besides
 // prerequisites (packages mariadb-server and slurmdbd).
 var accountingPrerequisites = []string{
@@ -111,6 +116,75 @@ type Options struct {
 	// Only root, and users given an association with sacctmgr, may then
 	// submit jobs. Down stops both and drops the database with Dir.
 	Accounting bool
+	// OCIRuntime, "runc" or "crun", turns on Slurm's own containers
+	// (`srun --container=BUNDLE`): up.sh writes OCIConf(OCIRuntime) as
+	// Dir/etc/oci.conf and prepares the host for the test user's
+	// rootless runtime (up.sh OCI_CONF; see doc.go). Empty: no oci.conf,
+	// and Slurm ignores --container. SetOCIRuntime switches it later.
+	OCIRuntime string
+}
+
+// ociRuntimes are the runtimes OCIConf knows, each with the form of its
+// `run` operation in Slurm's oci.conf examples (Slurm 22.05 containers
+// guide, "oci.conf example for runc/crun using run (recommended over
+// using create/start)"): runc takes the bundle after the id, crun before.
+var ociRuntimes = map[string]string{
+	"runc": "run %n.%u.%j.%s.%t -b %b",
+	"crun": "run --bundle %b %n.%u.%j.%s.%t",
+}
+
+// OCIConf is the oci.conf Slurm 22.05's containers guide gives for runtime
+// ("runc" or "crun") with its run operation: rootless, its state under
+// the step user's /run/user/<uid>/, each container named
+// node.user.job.step.task. One change, forced: the guide writes that
+// directory /run/user/%U/, but Slurm 22.05.8's slurmstepd has no %U (it
+// dies with "fatal: _generate_pattern: unexpected replacement character:
+// U", seen on this cluster; %U came with 23.02), so it is
+// /run/user/$(id -u %u)/: Slurm runs every pattern with /bin/sh -c and %u
+// is the step user's name, so it is the same directory whether the user
+// (RunTimeRun) or slurmstepd as root (the query, kill and delete of the
+// clean-up) runs it. Slurm 22.05 knows ContainerPath, CreateEnvFile and
+// the RunTime* patterns only (EnvExclude, RunTimeEnvExclude and
+// IgnoreFileConfigJson of later guides came later); every step's
+// slurmstepd reads the file anew. Errors: an unknown runtime.
+func OCIConf(runtime string) (string, error) {
+	run, ok := ociRuntimes[runtime]
+	if !ok {
+		return "", fmt.Errorf("cluster: OCI runtime %q: want runc or crun", runtime)
+	}
+	base := runtime + " --rootless=true --root=/run/user/$(id -u %u)/"
+	return fmt.Sprintf(`# Written by slurm-microvm test/cluster: Slurm 22.05's example for %[1]s
+# using run, with /run/user/$(id -u %%u)/ for /run/user/%%U/ (22.05.8 has no %%U).
+RunTimeQuery="%[2]s state %%n.%%u.%%j.%%s.%%t"
+RunTimeKill="%[2]s kill -a %%n.%%u.%%j.%%s.%%t"
+RunTimeDelete="%[2]s delete --force %%n.%%u.%%j.%%s.%%t"
+RunTimeRun="%[2]s %[3]s"
+`, runtime, base, run), nil
+}
+
+// SetOCIRuntime replaces Dir/etc/oci.conf by OCIConf(runtime), renamed
+// into place: the next step's slurmstepd reads it (each step's does),
+// with no restart of slurmd. Errors: an unknown runtime, a cluster
+// started without Options.OCIRuntime (its host is not prepared), or the
+// write.
+func (c *Cluster) SetOCIRuntime(runtime string) error {
+	conf, err := OCIConf(runtime)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(c.Dir, "etc", "oci.conf")
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("cluster: set the OCI runtime to %s: %w (start the cluster with Options.OCIRuntime)", runtime, err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(conf), 0o644); err != nil {
+		return fmt.Errorf("cluster: set the OCI runtime to %s: %w", runtime, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("cluster: set the OCI runtime to %s: %w", runtime, err)
+	}
+	return nil
 }
 
 // Cluster is a running test cluster. Its methods are safe for concurrent use.
@@ -161,6 +235,14 @@ func Up(t testing.TB, opts Options) *Cluster {
 		t.Fatalf("cluster: Options.NodeNames %q: want none (n1, n2) or two names", opts.NodeNames)
 	}
 	need := append([]string{}, prerequisites...)
+	var ociConf string
+	if opts.OCIRuntime != "" {
+		var err error
+		if ociConf, err = OCIConf(opts.OCIRuntime); err != nil {
+			t.Fatalf("cluster: Options.OCIRuntime: %v", err)
+		}
+		need = append(need, ociPrerequisites...)
+	}
 	if opts.Accounting {
 		need = append(need, accountingPrerequisites...)
 	}
@@ -250,6 +332,7 @@ func Up(t testing.TB, opts Options) *Cluster {
 		"UP_TIMEOUT="+strconv.Itoa(int(startTimeout.Seconds())),
 		"TEST_USER="+TestUser,
 		"ACCOUNTING="+map[bool]string{false: "0", true: "1"}[opts.Accounting],
+		"OCI_CONF="+ociConf,
 	)
 	if opts.Nodes == 2 {
 		env = append(env, "NODES=2")

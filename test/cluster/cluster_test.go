@@ -100,6 +100,19 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Options.OCIRuntime is off: no oci.conf (Slurm then ignores
+	// --container) and nothing of its host preparation.
+	t.Run("no containers by default", func(t *testing.T) {
+		for _, name := range []string{"etc/oci.conf", "oci-cgmounts", "oci-rundirs"} {
+			if _, err := os.Stat(filepath.Join(c.Dir, name)); !os.IsNotExist(err) {
+				t.Errorf("%s in a cluster without Options.OCIRuntime: %v", name, err)
+			}
+		}
+		if err := c.SetOCIRuntime("runc"); err == nil {
+			t.Error("SetOCIRuntime on a cluster without Options.OCIRuntime: no error")
+		}
+	})
+
 	t.Run("srun -n2 hostname", func(t *testing.T) {
 		stdout, stderr, code, err := c.Srun(ctx, "", "-n2", "hostname")
 		if err != nil || code != 0 {

@@ -15,6 +15,7 @@
 //	DIR/pids       "name pid starttime exe" of each daemon up.sh started
 //	DIR/db/        with Options.Accounting: MariaDB's datadir and socket
 //	DIR/net        with Options.Nodes = 2: "KIND NETNS ADDR NODE" per namespace
+//	DIR/oci-*      with Options.OCIRuntime: what up.sh mounted or made for it
 //	DIR/node       the node names, one a line
 //
 // Configuration (see up.sh): ClusterName=microvm-test,
@@ -58,6 +59,51 @@
 //     allocation (AccountingStorageTRES=gres/gpu), not from gathering.
 //   - Cold start (mariadb-install-db included) measured on the 2-core
 //     test VM: about 1.4 s more than the plain cluster, 2.7 s in all.
+//
+// Container mode (Options.OCIRuntime = "runc" or "crun", up.sh OCI_CONF)
+// turns on Slurm's own `srun --container=BUNDLE`, the bench's container
+// baselines (test/bench BenchmarkBaselines). Facts and decisions:
+//
+//   - DIR/etc/oci.conf is Slurm 22.05's containers guide example for the
+//     runtime "using run" (recommended there over create/start, which
+//     makes slurmstepd poll the runtime): rootless, RunTimeQuery, Kill,
+//     Delete and Run (OCIConf). 22.05's oci.conf has ContainerPath,
+//     CreateEnvFile and the RunTime* patterns only.
+//   - One change to the guide, forced: it names the runtime's state root
+//     /run/user/%U/, but 22.05.8's slurmstepd has no %U and dies on it
+//     ("fatal: _generate_pattern: unexpected replacement character: U",
+//     seen here). It is /run/user/$(id -u %u)/: each pattern runs with
+//     /bin/sh -c and %u is the step user's name, so the user's RunTimeRun
+//     and root's clean-up query, kill and delete name the same directory.
+//     Not $(id -u) alone: root's clean-up would look in /run/user/0.
+//   - slurmstepd reads oci.conf anew for every step (setup_container calls
+//     get_oci_conf in each step's own slurmstepd); so SetOCIRuntime
+//     switches runtimes between two steps with no slurmd restart, which
+//     test/e2e TestSrunContainer checks by seeing the named runtime run.
+//     The oci.conf man page's "take effect upon restart" is about the
+//     daemons; no daemon holds this file.
+//   - /run/user/<uid> of the test user is what systemd-logind makes at
+//     login; nobody logs in here, so up.sh makes it (0700, the user's)
+//     when missing, as the guide tells sites to arrange (lingering), and
+//     down.sh removes what up.sh made (DIR/oci-rundirs).
+//   - crun 1.8 refuses a hybrid host (cgroup v1 plus cgroup2 at
+//     /sys/fs/cgroup/unified) whose unified hierarchy holds a controller:
+//     "cgroups in hybrid mode not supported, drop all controllers from
+//     cgroupv2", before its cgroup manager is even chosen, so
+//     --cgroup-manager=disabled does not help. This project's test VMs
+//     mount no v1 hugetlb hierarchy, which leaves hugetlb there; systemd's
+//     hybrid mode mounts every controller on v1 and leaves the unified
+//     hierarchy empty. up.sh does the same for the controllers it finds
+//     there (mount -t cgroup -o C cgroup /sys/fs/cgroup/C, in
+//     DIR/oci-cgmounts) and down.sh unmounts them again, which hands the
+//     controller back to cgroup2 (checked). Slurm's cgroup plugin does not
+//     use hugetlb; a rootless runtime cannot create cgroups in a root
+//     hierarchy and ignores that, as it does in the others.
+//   - runc needs nothing more: its rootless mode ignores the cgroups it
+//     cannot create on v1.
+//   - Without Options.OCIRuntime nothing of this happens: no oci.conf, so
+//     Slurm ignores --container, and no mount or directory (TestCluster
+//     "no containers by default").
 //
 // Two-node mode (Options.Nodes = 2, up.sh NODES=2) runs two slurmd "nodes"
 // (n1, n2 unless Options.NodeNames says otherwise) on this one host, each

@@ -171,6 +171,27 @@ if [[ -f $STATE/fakegpus ]]; then
 	done <"$STATE/fakegpus"
 fi
 
+# 4b. OCI_CONF: the cgroup v1 hierarchies and the user run directories
+# up.sh made (each path as it recorded it, checked again here). A
+# hierarchy still holding a cgroup stays mounted (umount would only hide
+# it): it is logged.
+if [[ -f $STATE/oci-cgmounts ]]; then
+	while read -r d; do
+		[[ $d =~ ^/sys/fs/cgroup/[a-z_]+$ ]] || { log "warning: $STATE/oci-cgmounts: not a path up.sh makes: $d"; continue; }
+		if [[ -n $(find "$d" -mindepth 1 -maxdepth 1 -type d 2>/dev/null) ]]; then
+			log "warning: $d holds cgroups: leaving it mounted"
+			continue
+		fi
+		umount "$d" 2>/dev/null || log "warning: cannot unmount $d"
+		rmdir "$d" 2>/dev/null
+	done <"$STATE/oci-cgmounts"
+fi
+if [[ -f $STATE/oci-rundirs ]]; then
+	while read -r d; do
+		[[ $d =~ ^/run/user/[0-9]+$ && -d $d && ! -L $d ]] && rm -rf -- "$d"
+	done <"$STATE/oci-rundirs"
+fi
+
 # 5. NODES=2: the network namespaces up.sh recorded (it refuses to start
 # when one of those names exists already, so each is this dir's own).
 # Deleting a namespace's name drops the last reference once its daemons

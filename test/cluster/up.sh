@@ -47,6 +47,13 @@
 #                        Slurm-constrained devices cgroup refuses)
 #   UP_TIMEOUT=60        seconds to wait for the node to become idle
 #   TEST_USER=microvmtest  non-root user created for end-to-end tests
+#   OCI_CONF=...         content of oci.conf (Slurm's srun --container): written
+#                        next to slurm.conf, where every step's slurmstepd
+#                        reads it; then also, for TEST_USER's rootless
+#                        runtime, /run/user/<uid> (0700, the user's) when
+#                        missing, and on a cgroup v1 host a v1 hierarchy for
+#                        each controller left on the unified one (crun
+#                        refuses such a hybrid host); down.sh undoes both
 #   ACCOUNTING=1         also start a private MariaDB (datadir, socket and
 #                        pid file under STATE_DIR/db, no TCP) and slurmdbd
 #                        (SLURMDBD_PORT=6819, loopback), register the
@@ -336,6 +343,41 @@ if (( ALL_GPUS > 0 )); then
 	done
 fi
 
+# --- OCI containers (OCI_CONF) -----------------------------------------------------
+# Slurm runs the OCI runtime as the step's user (rootless), with the
+# --root=/run/user/<uid>/ of Slurm's oci.conf examples: systemd-logind makes
+# that directory for a logged-in user; without it (no login on a node),
+# make it as logind would and record it for down.sh.
+if [[ -n ${OCI_CONF:-} ]]; then
+	uid=$(id -u "$TEST_USER") gid=$(id -g "$TEST_USER")
+	if [[ ! -e /run/user/$uid ]]; then
+		mkdir -p -m 0755 /run/user
+		mkdir -m 0700 "/run/user/$uid"
+		chown "$uid:$gid" "/run/user/$uid"
+		echo "/run/user/$uid" >>"$STATE/oci-rundirs"
+	fi
+	# crun (1.8) refuses a hybrid host (cgroup v1 with cgroup2 at
+	# /sys/fs/cgroup/unified) whose unified hierarchy holds a controller:
+	# "cgroups in hybrid mode not supported, drop all controllers from
+	# cgroupv2". A controller no v1 hierarchy mounts sits there (hugetlb
+	# on this project's test VMs); systemd's hybrid mode mounts every one
+	# on v1 and leaves the unified hierarchy empty. Do the same for the
+	# controllers left there, recorded for down.sh (unmounting an empty
+	# v1 hierarchy gives the controller back to cgroup2).
+	u=/sys/fs/cgroup/unified
+	if [[ $CG == v1 && $(stat -fc %T "$u" 2>/dev/null) == cgroup2fs ]]; then
+		for c in $(cat "$u/cgroup.controllers"); do
+			[[ $c =~ ^[a-z_]+$ ]] || die "unexpected controller name '$c' in $u/cgroup.controllers"
+			d=/sys/fs/cgroup/$c
+			[[ ! -e $d ]] || die "$u holds controller $c but $d exists: mount the $c hierarchy there (mount -t cgroup -o $c cgroup $d) or remove it"
+			mkdir "$d"
+			echo "$d" >>"$STATE/oci-cgmounts"
+			mount -t cgroup -o "$c" cgroup "$d" || die "cannot mount the cgroup v1 $c hierarchy at $d (crun needs $u without controllers)"
+		done
+		[[ -z $(cat "$u/cgroup.controllers") ]] || die "$u still holds controllers ($(cat "$u/cgroup.controllers")): crun refuses this hybrid host"
+	fi
+fi
+
 # --- munge ------------------------------------------------------------------------
 if command -v mungekey >/dev/null; then
 	mungekey --create --keyfile="$STATE/munge/munge.key" >/dev/null
@@ -490,6 +532,7 @@ if (( ALL_GPUS > 0 )); then
 fi
 
 printf '%s\n' "${PLUGSTACK_LINE:-}" >"$STATE/etc/plugstack.conf"
+[[ -z ${OCI_CONF:-} ]] || printf '%s\n' "$OCI_CONF" >"$STATE/etc/oci.conf"
 chmod 0644 "$STATE"/etc/*
 
 if (( ACCOUNTING )); then
