@@ -32,7 +32,7 @@ func KernelCmdline(accel string) []string {
 		// is nothing but that test (crypto/kdf_sp800108.c), about 0.2 s
 		// under TCG; the KDF itself stays usable.
 		"initcall_blacklist=crypto_kdf108_init",
-		"i8042.noaux",       // microvm has no i8042: do not probe it
+		"i8042.noaux", // microvm has no i8042: do not probe it
 		"i8042.nokbd",
 		"8250.nr_uarts=1", // one UART: do not probe ttyS1-3
 	}
