@@ -195,3 +195,6 @@ func readlinkat(dir int, name string) (string, error) {
 // with the host (other nodes write the same Lustre/GPFS files) and was the
 // fastest for large sequential reads in fs's TestShareBench (see fs/doc.go).
 const NinePOptions = "trans=virtio,version=9p2000.L,msize=512000,cache=none"
+
+// NinePOptionsReadOnly is the mount data for a read-only host share.
+const NinePOptionsReadOnly = NinePOptions
