@@ -149,56 +149,60 @@
 // each as the guest's first pass (cold) and second (warm), and on a
 // writable share a 64 MiB write with fsync and 500 files created. Host
 // figures are the best of three passes from the page cache (the guest's
-// first pass reads through that same cache): 6611 MB/s read, 131,045
-// files/s, 316,506 stats/s, 499 MB/s write, 6,583 creates/s. Guest figures
-// of one run (the noise between runs on this machine is up to 2x: the two
-// msize=512000 rows are the same configuration), cold/warm:
+// first pass reads through that same cache): 6,600-8,500 MB/s read,
+// 131,000-189,000 files/s, 317,000-561,000 stats/s, 500-570 MB/s write.
+// Guest figures, the range over two runs (the noise between runs on this
+// machine is up to 2x: the msize=512000 and 1 MiB rows are the same
+// configuration), cold/warm:
 //
-//	                          read MB/s    files/s   stats/s     write MB/s  creates/s
-//	9p msize=131072 none       171/116      63/82     152/132       38         67
-//	9p msize=512000 none       233/237     143/90     280/172       81         56
-//	9p msize=1 MiB none (*)    412/321      77/70      83/247       75        103
-//	9p 512000 loose (ro)        66/184     282/527    517/6706       5         65
-//	9p 512000 mmap (rw)        378/370      70/120    110/227      107        110
-//	virtio-fs cache=none       545/639     107/149    276/302      106        151
-//	virtio-fs cache=auto        83/66      198/230    942/1499      40        217
-//	virtio-fs cache=always      81/203     191/263   1091/4554      52        187
+//	                         read MB/s        files/s          stats/s           write MB/s
+//	9p msize=131072 none     171-369/116-190   63-120/82-130   152-294/132-379      38-66
+//	9p msize=512000 none     233-252/205-237  115-143/84-90    280-353/172-298      81-126
+//	9p msize=1 MiB none (*)  379-412/321-449   77-99/70-110     83-269/241-247      75-115
+//	9p 512000 loose (ro)      58-66/184-209   168-282/345-527  439-517/5416-6706     5-20
+//	9p 512000 mmap (rw)      378-439/344-370   70-76/113-120   110-232/227-333     107-125
+//	virtio-fs cache=none     463-545/409-639  107-151/118-149  276-332/260-302      90-106
+//	virtio-fs cache=auto      55-83/66-68     198-215/179-230  697-942/678-1499     36-40
+//	virtio-fs cache=always    54-81/193-203   182-191/263-264  629-1091/4554-4942   46-52
 //	(*) the 6.1 kernel cuts msize to 512000 on virtio ((VIRTQUEUE_NUM-3) pages)
 //
-// As guest/host ratios, read-only data: 9p cache=none streams at 0.04-0.06
-// of the host and opens small files at 0.0005-0.0011 of its rate; cache=loose
-// at 0.010 (cold) and 0.0022/0.0040 (cold/warm), stats 0.0016 cold and
-// 0.021 warm. Chosen per mount kind (guestpath.NinePOptionsReadOnly and
-// guestpath.NinePOptions):
+// As guest/host ratios, read-only data: 9p cache=none streams at 0.03-0.06
+// of the host and opens small files at 0.0004-0.0011 of its rate;
+// cache=loose streams at 0.007-0.010 and opens small files at
+// 0.0009-0.0022 cold, 0.0018-0.0040 warm; it stats at 0.0008-0.0016 cold
+// and 0.010-0.021 warm. Chosen per mount kind (guestpath.NinePOptionsReadOnly
+// and guestpath.NinePOptions):
 //   - read-only shares (and the GPU driver's share): msize=512000,
 //     cache=loose. The small-file rate, by far the larger gap (0.001 of the
-//     host against 0.04 for streaming), is 2-4x cache=none's cold and 4-8x
-//     warm; stat walks 2-6x cold, 27-50x warm (names and attributes stay
-//     in the guest's dcache). It streams 3-6x slower cold under TCG: the guest
-//     CPU copies every byte out of its page cache, which TCG emulates (the
-//     warm pass, that copy alone, runs at 184 MB/s), where cache=none lets
-//     QEMU write straight into the reader's buffer; with KVM that copy runs
-//     at memory speed (not measured here: no KVM on this machine). Stale
-//     data is the price: the guest does not revalidate what it cached, so a
-//     file or directory changed on the host after the guest read it may be
-//     seen as it was until the step ends (the kernel documents loose as
-//     "intended for exclusive, read-only mounts"). Fine for datasets read
-//     during a step; a tree another node writes meanwhile is mounted rw,
-//     which is coherent. Writes stay impossible: whatever the guest's
-//     caches hold, a change reaches the host only as a 9p request, and
-//     QEMU refuses every modifying request of a readonly=on fsdev (EROFS for writes, chmod, and after a guest
-//     remount rw, in every BenchmarkShares run and in TestShareMountOptions,
-//     launcher/qemu).
+//     host against 0.04 for streaming), is 1.4-4.5x cache=none's cold and
+//     2.7-7.5x warm; stat walks 1.2-6x cold, 14-50x warm (names and
+//     attributes stay in the guest's dcache). It streams 2.6-7.6x slower
+//     cold under TCG: the guest CPU copies every byte out of its page
+//     cache, which TCG emulates (the warm pass, that copy alone, runs at
+//     184-209 MB/s), where cache=none lets QEMU write straight into the
+//     reader's buffer; with KVM that copy runs at memory speed (not
+//     measured here: no KVM on this machine). Stale data is the price: the
+//     guest does not revalidate what it cached, so a file or directory
+//     changed on the host after the guest read it may be seen as it was
+//     until the step ends (the kernel documents loose as "intended for
+//     exclusive, read-only mounts"). Fine for datasets read during a step;
+//     a tree another node writes meanwhile is mounted rw, which is
+//     coherent. Writes stay impossible: whatever the guest's caches hold, a
+//     change reaches the host only as a 9p request, and QEMU refuses every
+//     modifying request of a readonly=on fsdev (opens for writing, creates,
+//     setattr): EROFS for writes and chmod, also after a guest remount rw,
+//     in every BenchmarkShares run and in TestShareMountOptions
+//     (launcher/qemu).
 //   - writable shares and the step's scratch: msize=512000, cache=mmap.
 //     Reads and writes go to the host as with cache=none (coherent with
 //     other writers; measured as fast, within the noise), and shared
 //     writable mappings work (SQLite's WAL index, LMDB, numpy.memmap), which
 //     cache=none refuses with EINVAL (TestShareMountOptions). Not loose:
-//     it writes back page by page, 5 MB/s against 75-107 (15-20x slower), and
-//     would hide other writers' changes. Scratch is private to the step but
-//     written more than read, so it takes the writable options; a separate
-//     kind for it would need the agent to tell scratch from a user's rw
-//     mount for no measured gain.
+//     it writes back page by page, 5-20 MB/s against 81-126 (6-21x slower),
+//     and would hide other writers' changes. Scratch is private to the step
+//     but written more than read, so it takes the writable options; a
+//     separate kind for it would need the agent to tell scratch from a
+//     user's rw mount for no measured gain.
 //   - msize: 512000, the largest the guest kernel takes on virtio; 131072
 //     (the kernel's default) needs 4x the requests per MiB and measured
 //     lower (within the noise). 1 MiB and more are cut to 512000.
@@ -208,11 +212,12 @@
 //     loose is its in-memory part. No DAX: QEMU 7.2's vhost-user-fs device
 //     has no cache-size (DAX window) property.
 //
-// virtio-fs measured no clear gain: cache=none streams 1.3-2.3x faster than
-// 9p cache=none (no TCG copy either), but opens small files at the same
-// rate; cache=auto/always open small files at 0.5-0.7x 9p loose's rate,
-// stat 1.8-2.1x faster cold and slower warm, and stream no faster. What decided
-// it is enforcement on the host:
+// virtio-fs measured no clear gain: cache=none streams 1.1-2.3x faster than
+// 9p cache=none and mmap (no TCG copy either), but opens small files at the
+// same rate; cache=auto/always open small files at 0.7-1.3x 9p loose's rate
+// cold and 0.4-0.8x warm, stat 1.4-2.1x faster cold and slower warm
+// (0.7-0.9x with always), and stream and write no faster. What decided it
+// is enforcement on the host:
 //   - read-only: 9p readonly=on is refused by QEMU at the protocol level,
 //     for the whole tree including submounts of the source; a guest root
 //     that remounts the share rw still gets EROFS for writes and chmod

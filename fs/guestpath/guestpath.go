@@ -196,15 +196,17 @@ func readlinkat(dir int, name string) (string, error) {
 // the same Lustre/GPFS files, measured as fast) except that a shared
 // writable mapping works (SQLite's WAL index, LMDB, numpy.memmap), which
 // cache=none refuses with EINVAL. Not cache=loose: its writes went back
-// page by page, 15-20x slower in test/bench's BenchmarkShares (fs/doc.go).
+// page by page, 6-21x slower in test/bench's BenchmarkShares (fs/doc.go).
 const NinePOptions = "trans=virtio,version=9p2000.L,msize=512000,cache=mmap"
 
 // NinePOptionsReadOnly is the mount data of a read-only host share and of
 // the GPU driver's share (flags MS_RDONLY|MS_NOSUID|MS_NODEV; the host
 // enforces read-only with fsdev readonly=on whatever the guest mounts).
 // cache=loose keeps data, attributes and names in the guest's caches
-// without asking the host again: 2-4x the small-file rate, and 27-50x
-// for a second stat walk, of cache=none in BenchmarkShares (fs/doc.go). The
+// without asking the host again: 1.4-4.5x the small-file rate of
+// cache=none cold, 2.7-7.5x warm, 14-50x for a second stat walk, in
+// BenchmarkShares (fs/doc.go); it streams 2.6-7.6x slower under TCG,
+// which emulates the guest's copy out of its page cache. The
 // guest may therefore see a file changed on the host after it read it as
 // it was (until the step ends): the kernel's "intended for exclusive,
 // read-only mounts" (Documentation/filesystems/9p.rst), right for datasets
