@@ -139,32 +139,85 @@
 //
 // Sharing mechanism: 9p through QEMU (-fsdev local, security_model=none,
 // readonly=on for ro shares, multidevs=remap, QEMU running as the job
-// user), not virtio-fs with QEMU 7.2's C virtiofsd. Measured by
-// TestShareBench (SMV_SHARE_BENCH=1 go test -run TestShareBench -v ./fs/)
-// on this project's machine: 2 shared cores, TCG, -M microvm, 1 vCPU,
-// 1.5 GiB guest; a 512 MiB file read in 1 MiB requests; 10,000 4 KiB files
-// in 100 directories, listed and read. Host figures are the best of three
-// passes from the page cache, guest figures the guest's first pass, which
-// reads through that same cache. One run (the third of three), guest/host
-// ratio, and the range over the three runs:
+// user), not virtio-fs with QEMU 7.2's C virtiofsd. Measured side by side
+// in one run by test/bench's BenchmarkShares (`make bench`; one variant:
+// SMV_SHARE_BENCH_VARIANTS="9p msize=512000 cache=loose" go test -run XXX
+// -bench BenchmarkShares -benchtime 1x ./test/bench/) on this project's
+// machine: 2 cores shared with other jobs, TCG, -M microvm, 1 vCPU, 1.5 GiB
+// guest; a 256 MiB file read in 1 MiB requests, 2,000 4 KiB files in 20
+// directories opened, read and closed, the same tree listed and stat'ed,
+// each as the guest's first pass (cold) and second (warm), and on a
+// writable share a 64 MiB write with fsync and 500 files created. Host
+// figures are the best of three passes from the page cache (the guest's
+// first pass reads through that same cache): 6,600-8,500 MB/s read,
+// 131,000-189,000 files/s, 317,000-561,000 stats/s, 500-570 MB/s write.
+// Guest figures, the range over two runs (the noise between runs on this
+// machine is up to 2x: the msize=512000 and 1 MiB rows are the same
+// configuration), cold/warm:
 //
-//	                           512 MiB read                 10,000 small files
-//	host                       19019 MB/s                   131119 files/s
-//	9p cache=none  (chosen)     1192 MB/s 0.063 (1117-1218)    266/s 0.0020 (220-266)
-//	9p cache=loose                91 MB/s 0.005 (91-118)       358/s 0.0027 (254-423)
-//	9p passthrough cache=none   1317 MB/s 0.069 (941-1317)     333/s 0.0025 (192-333)
-//	virtio-fs cache=auto          98 MB/s 0.005 (90-117)       454/s 0.0035 (386-548)
-//	virtio-fs cache=none        1723 MB/s 0.091 (1269-1723)    292/s 0.0022 (255-316)
+//	                         read MB/s        files/s          stats/s           write MB/s
+//	9p msize=131072 none     171-369/116-190   63-120/82-130   152-294/132-379      38-66
+//	9p msize=512000 none     233-252/205-237  115-143/84-90    280-353/172-298      81-126
+//	9p msize=1 MiB none (*)  379-412/321-449   77-99/70-110     83-269/241-247      75-115
+//	9p 512000 loose (ro)      58-66/184-209   168-282/345-527  439-517/5416-6706     5-20
+//	9p 512000 mmap (rw)      378-439/344-370   70-76/113-120   110-232/227-333     107-125
+//	virtio-fs cache=none     463-545/409-639  107-151/118-149  276-332/260-302      90-106
+//	virtio-fs cache=auto      55-83/66-68     198-215/179-230  697-942/678-1499     36-40
+//	virtio-fs cache=always    54-81/193-203   182-191/263-264  629-1091/4554-4942   46-52
+//	(*) the 6.1 kernel cuts msize to 512000 on virtio ((VIRTQUEUE_NUM-3) pages)
 //
-// Under TCG every path that makes the guest CPU copy data (the guest page
-// cache: 9p loose, virtio-fs auto) is ten times slower for streaming; with
-// no guest cache QEMU or virtiofsd writes into the guest's buffer directly.
-// virtio-fs (cache=none) streams 1.0-1.4x faster than 9p and walks small
-// files 1.1-1.3x faster (1.7-2.3x with cache=auto, which streams ten times
-// slower); the ratios against the host are small either way under
-// emulation, and must be measured again under KVM (where published
-// measurements favour virtio-fs more) before this is revisited. What
-// decided it is enforcement on the host:
+// As guest/host ratios, read-only data: 9p cache=none streams at 0.03-0.06
+// of the host and opens small files at 0.0004-0.0011 of its rate;
+// cache=loose streams at 0.007-0.010 and opens small files at
+// 0.0009-0.0022 cold, 0.0018-0.0040 warm; it stats at 0.0008-0.0016 cold
+// and 0.010-0.021 warm. Chosen per mount kind (guestpath.NinePOptionsReadOnly
+// and guestpath.NinePOptions):
+//   - read-only shares (and the GPU driver's share): msize=512000,
+//     cache=loose. The small-file rate, by far the larger gap (0.001 of the
+//     host against 0.04 for streaming), is 1.4-4.5x cache=none's cold and
+//     2.7-7.5x warm; stat walks 1.2-6x cold, 14-50x warm (names and
+//     attributes stay in the guest's dcache). It streams 2.6-7.6x slower
+//     cold under TCG: the guest CPU copies every byte out of its page
+//     cache, which TCG emulates (the warm pass, that copy alone, runs at
+//     184-209 MB/s), where cache=none lets QEMU write straight into the
+//     reader's buffer; with KVM that copy runs at memory speed (not
+//     measured here: no KVM on this machine). Stale data is the price: the
+//     guest does not revalidate what it cached, so a file or directory
+//     changed on the host after the guest read it may be seen as it was
+//     until the step ends (the kernel documents loose as "intended for
+//     exclusive, read-only mounts"). Fine for datasets read during a step;
+//     a tree another node writes meanwhile is mounted rw, which is
+//     coherent. Writes stay impossible: whatever the guest's caches hold, a
+//     change reaches the host only as a 9p request, and QEMU refuses every
+//     modifying request of a readonly=on fsdev (opens for writing, creates,
+//     setattr): EROFS for writes and chmod, also after a guest remount rw,
+//     in every BenchmarkShares run and in TestShareMountOptions
+//     (launcher/qemu).
+//   - writable shares and the step's scratch: msize=512000, cache=mmap.
+//     Reads and writes go to the host as with cache=none (coherent with
+//     other writers; measured as fast, within the noise), and shared
+//     writable mappings work (SQLite's WAL index, LMDB, numpy.memmap), which
+//     cache=none refuses with EINVAL (TestShareMountOptions). Not loose:
+//     it writes back page by page, 5-20 MB/s against 81-126 (6-21x slower),
+//     and would hide other writers' changes. Scratch is private to the step
+//     but written more than read, so it takes the writable options; a
+//     separate kind for it would need the agent to tell scratch from a
+//     user's rw mount for no measured gain.
+//   - msize: 512000, the largest the guest kernel takes on virtio; 131072
+//     (the kernel's default) needs 4x the requests per MiB and measured
+//     lower (within the noise). 1 MiB and more are cut to 512000.
+//   - cache=fscache is not offered: it needs a cachefiles store on a guest
+//     disk and a daemon in the guest, and the disk would be one more host
+//     file per step holding a copy of what the host's page cache holds;
+//     loose is its in-memory part. No DAX: QEMU 7.2's vhost-user-fs device
+//     has no cache-size (DAX window) property.
+//
+// virtio-fs measured no clear gain: cache=none streams 1.1-2.3x faster than
+// 9p cache=none and mmap (no TCG copy either), but opens small files at the
+// same rate; cache=auto/always open small files at 0.7-1.3x 9p loose's rate
+// cold and 0.4-0.8x warm, stat 1.4-2.1x faster cold and slower warm
+// (0.7-0.9x with always), and stream and write no faster. What decided it
+// is enforcement on the host:
 //   - read-only: 9p readonly=on is refused by QEMU at the protocol level,
 //     for the whole tree including submounts of the source; a guest root
 //     that remounts the share rw still gets EROFS for writes and chmod
@@ -183,10 +236,9 @@
 //     guest RAM (memory-backend-memfd,share=on maps all guest memory into
 //     the daemon), no -global virtio-mmio.force-legacy=false.
 //
-// 9p cache=none over cache=loose: coherent with the host (other nodes write
-// the same Lustre/GPFS files) and fastest for streaming here; loose helps
-// small-file trees read more than once (646-775 vs 203-297 files/s on the
-// second pass). guestpath.NinePOptions holds the guest's mount options.
+// Revisit with KVM figures and a virtiofsd that runs unprivileged with a
+// read-only option (the Rust virtiofsd; this machine's Debian 12 apt
+// sources have no virtiofsd package, only QEMU's C one).
 //
 // Filesystem awareness. ClassifyFile reads the mount id of the opened
 // source from /proc/self/fdinfo and finds it in mountinfo

@@ -187,11 +187,30 @@ func readlinkat(dir int, name string) (string, error) {
 	}
 }
 
-// NinePOptions is the mount data for a host share exported by fs.NineP
-// (mount -t 9p TAG DIR -o NinePOptions, flags MS_NOSUID|MS_NODEV, plus
-// MS_RDONLY for read-only shares as a convenience: the host enforces it).
-// msize=512000 is the largest message the 6.1 kernel's virtio transport
-// takes ((VIRTQUEUE_NUM-3) pages); cache=none keeps the guest coherent
-// with the host (other nodes write the same Lustre/GPFS files) and was the
-// fastest for large sequential reads in fs's TestShareBench (see fs/doc.go).
-const NinePOptions = "trans=virtio,version=9p2000.L,msize=512000,cache=none"
+// NinePOptions is the mount data of a writable host share (the user's rw
+// mounts and the step's scratch) exported by fs.NineP: mount -t 9p TAG DIR
+// -o NinePOptions, flags MS_NOSUID|MS_NODEV. msize=512000 is the largest
+// message the 6.1 kernel's virtio transport takes ((VIRTQUEUE_NUM-3)
+// pages; a larger msize is cut to it, measured). cache=mmap is cache=none
+// (every read and write goes to the host: coherent with other writers of
+// the same Lustre/GPFS files, measured as fast) except that a shared
+// writable mapping works (SQLite's WAL index, LMDB, numpy.memmap), which
+// cache=none refuses with EINVAL. Not cache=loose: its writes went back
+// page by page, 6-21x slower in test/bench's BenchmarkShares (fs/doc.go).
+const NinePOptions = "trans=virtio,version=9p2000.L,msize=512000,cache=mmap"
+
+// NinePOptionsReadOnly is the mount data of a read-only host share and of
+// the GPU driver's share (flags MS_RDONLY|MS_NOSUID|MS_NODEV; the host
+// enforces read-only with fsdev readonly=on whatever the guest mounts).
+// cache=loose keeps data, attributes and names in the guest's caches
+// without asking the host again: 1.4-4.5x the small-file rate of
+// cache=none cold, 2.7-7.5x warm, 14-50x for a second stat walk, in
+// BenchmarkShares (fs/doc.go); it streams 2.6-7.6x slower under TCG,
+// which emulates the guest's copy out of its page cache. The
+// guest may therefore see a file changed on the host after it read it as
+// it was (until the step ends): the kernel's "intended for exclusive,
+// read-only mounts" (Documentation/filesystems/9p.rst), right for datasets
+// read during a step, wrong for a tree another node writes meanwhile (mount
+// that rw, which is coherent). No cache mode lets a write through: QEMU
+// refuses every modifying request of a readonly=on share.
+const NinePOptionsReadOnly = "trans=virtio,version=9p2000.L,msize=512000,cache=loose"

@@ -45,7 +45,7 @@ func SetupGPUDriver(ctx context.Context, root string, d *api.GPUDriver) error {
 	if err := os.MkdirAll(gpuDriverDir, 0o755); err != nil {
 		return fmt.Errorf("GPU driver: %w", err)
 	}
-	if err := unix.Mount(d.Tag, gpuDriverDir, "9p", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, guestpath.NinePOptions); err != nil {
+	if err := unix.Mount(d.Tag, gpuDriverDir, "9p", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, guestpath.NinePOptionsReadOnly); err != nil {
 		return fmt.Errorf("GPU driver: mount share %s: %w", d.Tag, err)
 	}
 	if d.FirmwareDir != "" {

@@ -163,11 +163,11 @@ func mountShares(ctx context.Context, mounts []*api.Mount) error {
 		if err != nil {
 			return fmt.Errorf("mount point %s: %w", dst, err)
 		}
-		flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+		flags, opts := uintptr(unix.MS_NOSUID|unix.MS_NODEV), guestpath.NinePOptions
 		if m.ReadOnly {
-			flags |= unix.MS_RDONLY
+			flags, opts = flags|unix.MS_RDONLY, guestpath.NinePOptionsReadOnly
 		}
-		err = unix.Mount(m.Tag, fmt.Sprintf("/proc/self/fd/%d", f.Fd()), "9p", flags, guestpath.NinePOptions)
+		err = unix.Mount(m.Tag, fmt.Sprintf("/proc/self/fd/%d", f.Fd()), "9p", flags, opts)
 		f.Close()
 		if err != nil {
 			return fmt.Errorf("mount host share %s on %s (%s): %w", m.Tag, dst, in, err)
