@@ -1,10 +1,13 @@
 package qemu_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,14 +53,29 @@ func TestBootExecStop(t *testing.T) {
 		BootTimeout: 90 * time.Second, StopGrace: 5 * time.Second,
 	})
 	t0 := time.Now()
+	var logBuf bytes.Buffer
 	sb, err := d.Start(ctx, driver.SandboxConfig{
 		ID: "test", StateDir: stateDir, CPUs: 1, MemoryMiB: 256, RootFS: driver.RootFS{Image: disk, OverlayMiB: 64},
 		User: user, UID: uid, GID: gid, Groups: []uint32{gid}, Hostname: "guest-test",
+		Logger: slog.New(slog.NewTextHandler(&logBuf, nil)),
 	})
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
 	t.Logf("boot to agent ready: %v (accel %s)", time.Since(t0), accel)
+	// The real agent sends its boot marks: the timeline has a kernel, a
+	// module and a set-up part, and its parts add up to its total.
+	tl := regexp.MustCompile(`msg="boot timeline" total_ms=([\d.]+) vmm_ms=([\d.]+) kernel_ms=([\d.]+) modules_ms=([\d.]+) agent_init_ms=([\d.]+) setup_wait_ms=([\d.]+) setup_ms=([\d.]+)`).FindStringSubmatch(logBuf.String())
+	if tl == nil {
+		t.Fatalf("no boot timeline logged:\n%s", logBuf.String())
+	}
+	var parts [7]float64
+	for i := range parts {
+		parts[i], _ = strconv.ParseFloat(tl[i+1], 64)
+	}
+	if sum := parts[1] + parts[2] + parts[3] + parts[4] + parts[5] + parts[6]; parts[2] <= 0 || parts[3] <= 0 || parts[6] <= 0 || sum < parts[0]-0.01 || sum > parts[0]+0.01 {
+		t.Errorf("boot timeline %v: want kernel, modules and set-up parts that add up to the total", parts)
+	}
 	vmmPid := sb.Pid()
 	t.Cleanup(func() {
 		_ = sb.Stop(context.Background())
