@@ -133,7 +133,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 			return nil, errors.New(d.noPassthrough())
 		}
 		var err error
-		if machineArgs, err = PCIArgs(cfg.Devices, Memory{MiB: cfg.MemoryMiB, PreallocThreads: cfg.CPUs}, cfg.PCIHole64); err != nil {
+		if machineArgs, err = PCIArgs(cfg.Devices, Memory{MiB: cfg.MemoryMiB, PreallocThreads: cfg.CPUs, HostNodes: cfg.MemoryNodes}, cfg.PCIHole64); err != nil {
 			return nil, err
 		}
 		for _, dev := range cfg.Devices {
@@ -271,6 +271,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		PCI:         pciMachine,
 		MachineArgs: machineArgs,
 		Net:         netdev,
+		MemoryNodes: cfg.MemoryNodes,
 	}
 	args, err := Args(vm)
 	if err != nil {
@@ -349,6 +350,10 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	if err := state.WriteProc(filepath.Join(cfg.StateDir, state.VMMPidFile), cmd.Process.Pid); err != nil {
 		log.Warn("record VMM pid", "err", err)
 	}
+	// Pinned while the guest boots, done by agent ready (pin.go).
+	pinned := make(chan struct{})
+	go func() { defer close(pinned); s.pin(ctx) }()
+	defer func() { <-pinned }()
 	s.sess, err = transport.NewHostSession(hostEnd)
 	if err != nil {
 		s.kill()
