@@ -76,9 +76,9 @@ type Pinning struct {
 	VCPUs []PinnedVCPU
 	// Others are the VMM's other threads, pinned to all host CPUs.
 	Others []int
-	// Took is how long it took, from the call (right after the VMM
-	// started) to the last pin.
-	Took time.Duration
+	// Found is how long the vCPU threads took to appear, from the call
+	// (right after the VMM started); Took, to the last pin.
+	Found, Took time.Duration
 }
 
 // PinnedVCPU is one vCPU thread and the host CPU it runs on.
@@ -128,6 +128,7 @@ func pinVCPUs(ctx context.Context, pid, vcpus int, hostCPUs []int, exited <-chan
 		case <-time.After(pinPoll):
 		}
 	}
+	found := time.Since(t0)
 	var all unix.CPUSet
 	for _, c := range cpus {
 		all.Set(c)
@@ -141,7 +142,7 @@ func pinVCPUs(ctx context.Context, pid, vcpus int, hostCPUs []int, exited <-chan
 	if err != nil {
 		return Pinning{}, err
 	}
-	var p Pinning
+	p := Pinning{Found: found}
 	for _, t := range threads {
 		set := all
 		if t.VCPU >= 0 && t.VCPU < vcpus {
@@ -215,5 +216,5 @@ func (s *sandbox) pin(ctx context.Context) {
 		s.log.Warn("vCPUs not pinned: the VMM runs anywhere in the step's CPUs", "host_cpus", host, "err", err)
 		return
 	}
-	s.log.Info("vCPUs pinned", "mapping", p.String(), "host_cpus", host, "other_threads", len(p.Others), "us", p.Took.Microseconds())
+	s.log.Info("vCPUs pinned", "mapping", p.String(), "host_cpus", host, "other_threads", len(p.Others), "found_us", p.Found.Microseconds(), "us", p.Took.Microseconds())
 }
