@@ -25,6 +25,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 	"github.com/slurm-microvm/slurm-microvm/launcher/network"
+	"github.com/slurm-microvm/slurm-microvm/launcher/placement"
 	"github.com/slurm-microvm/slurm-microvm/launcher/runtime"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
@@ -567,6 +568,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		return nil, nil, err
 	}
 	caps := drv.Capabilities()
+	hostCPUs, memNodes := placeStep(s, caps, placement.Host, log)
 	// Stop and gc clean up with the driver that started the sandbox,
 	// whatever the configuration says by then.
 	if err := runtime.Record(d.Path(), drv.Name()); err != nil {
@@ -683,7 +685,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	t0 = time.Now()
 	sb, err := drv.Start(ctx, driver.SandboxConfig{
 		ID: s.ID.String(), StateDir: d.Path(),
-		CPUs: cpus, MemoryMiB: memMiB,
+		CPUs: cpus, MemoryMiB: memMiB, HostCPUs: hostCPUs, MemoryNodes: memNodes,
 		RootFS:   driver.RootFS{Image: img.Disk, OverlayMiB: OverlayMiB(memMiB, c.Resources)},
 		ImageEnv: img.Config.Env, ImageWorkdir: img.Config.WorkingDir,
 		User: s.User, UID: s.UID, GID: s.GID, Groups: s.Groups,

@@ -62,3 +62,23 @@ func TestCountList(t *testing.T) {
 		}
 	}
 }
+
+func TestInStep(t *testing.T) {
+	for _, tt := range []struct {
+		path string
+		want bool
+	}{
+		{"/slurm/uid_1000/job_42/step_0", true},
+		{"/system.slice/slurmstepd.scope/job_42/step_0/slurm", true},
+		{"/slurm/uid_1000/job_42/step_0/task_1", true},
+		{"/slurm/uid_1000/job_42/step_01", false},
+		{"/slurm/uid_1000/job_142/step_0", false},
+		{"/slurm/uid_1000/job_42", false},
+		{"/slurm/uid_1000/job_42/step_batch", false},
+		{"/", false},
+	} {
+		if got := InStep(tt.path, 42, 0); got != tt.want {
+			t.Errorf("InStep(%q, 42, 0) = %v, want %v", tt.path, got, tt.want)
+		}
+	}
+}

@@ -67,6 +67,15 @@ type SandboxConfig struct {
 	// CPUs is the number of vCPUs; MemoryMiB the guest memory.
 	CPUs      int
 	MemoryMiB uint64
+	// HostCPUs are the host CPUs of the step's allocation, ascending
+	// (launcher/placement): vCPU i runs on HostCPUs[i mod len], the VMM's
+	// other threads on all of them. nil: the allocation is not the step's
+	// own, and nothing is pinned. Performance, not a boundary: the VMM
+	// stays in the step's cpuset cgroup, which the kernel enforces.
+	HostCPUs []int
+	// MemoryNodes are the host NUMA nodes the guest memory is bound to
+	// (the one node of all HostCPUs); nil: the kernel's default policy.
+	MemoryNodes []int
 	// RootFS is the image's root filesystem.
 	RootFS RootFS
 	// ImageEnv and ImageWorkdir come from the image config.
@@ -140,6 +149,10 @@ type Capabilities struct {
 	// Forwards is "" when a process can get ProcessSpec.FDs and
 	// ProcessSpec.Listeners (PMI-2's PMI_FD, PMIx's server), else why not.
 	Forwards string
+	// Placement is "" when the driver pins vCPUs to
+	// SandboxConfig.HostCPUs and binds guest memory to MemoryNodes, else
+	// why not (the lifecycle logs it; the step still runs).
+	Placement string
 	// MaxShares is the most host shares (Shares plus the GPU driver set)
 	// a sandbox with devices devices takes; 0: no limit.
 	MaxShares func(devices int) int

@@ -60,4 +60,10 @@
 //     the interfaces of the sandbox's network namespace (veth), while the
 //     step network gives the VMM a tap; a step with one is refused with
 //     the reason. Without it the sandbox has loopback only.
+//   - Placement (SandboxConfig.HostCPUs, MemoryNodes) is not applied:
+//     the shim's VMM threads are Kata's, found through its own QMP, and
+//     Kata pins them itself where its configuration.toml says
+//     enable_vcpus_pinning = true (within the sandbox's cgroup, whose
+//     cpuset is the step's). Capabilities.Placement says so; the step
+//     runs unpinned inside the step's cpuset.
 package kata

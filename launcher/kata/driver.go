@@ -66,10 +66,13 @@ func New(o Options) *Driver {
 func (d *Driver) Name() string { return "kata" }
 
 // Capabilities: devices by Kata's VFIO cold-plug; no PMI forwards (doc.go);
-// no share limit of ours (Kata's virtio-fs takes one device for all).
+// no share limit of ours (Kata's virtio-fs takes one device for all); no
+// placement of ours (doc.go).
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Forwards: errNoPMI}
+	return driver.Capabilities{Forwards: errNoPMI, Placement: noPlacement}
 }
+
+const noPlacement = "the kata runtime does not pin vCPUs to the step's CPUs or bind guest memory to its NUMA node (set enable_vcpus_pinning = true in Kata's configuration.toml); the sandbox runs within the step's cpuset"
 
 const errNoPMI = "the kata runtime carries no PMI into the sandbox (the shim's task API carries stdio only): run MPI steps with runtime = \"qemu\" on these nodes, or srun --mpi=none"
 

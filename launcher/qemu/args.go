@@ -36,7 +36,15 @@ type VMConfig struct {
 	MachineArgs []string
 	// Net is the guest's network device; nil: none.
 	Net *NetDevice
+	// MemoryNodes bind the guest RAM to these host NUMA nodes (a
+	// memory-backend-ram with host-nodes and policy=bind); none: QEMU's
+	// plain -m RAM, under the kernel's default policy. On the PCI machine
+	// MachineArgs carries the backend (Memory.HostNodes).
+	MemoryNodes []int
 }
+
+// RAMBackendID is the id of the microvm's memory backend (MemoryNodes).
+const RAMBackendID = "ram"
 
 // FDSet is one -add-fd: inherited fd FD in fd set Set.
 type FDSet struct{ FD, Set int }
@@ -87,13 +95,18 @@ func Args(c VMConfig) ([]string, error) {
 		return nil, fmt.Errorf("qemu: PCI passthrough needs KVM, and this host runs QEMU under %s (no kvm_intel or kvm_amd loaded)", accel)
 	}
 	machine := []string{"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=on"}
+	if len(c.MemoryNodes) > 0 {
+		machine[1] += ",memory-backend=" + RAMBackendID
+		machine = append(machine, "-object", fmt.Sprintf("memory-backend-ram,id=%s,size=%dM,%s", RAMBackendID, c.MemoryMiB, hostNodes(c.MemoryNodes)))
+	}
 	bus := "device" // virtio-mmio
 	if c.PCI {
 		machine = c.MachineArgs
 		bus = "pci"
 		cpu = "host,host-phys-bits=on"
 	}
-	args := []string{"-name", escape(c.Name)}
+	// debug-threads names each vCPU thread "CPU <n>/<accel>" (pin.go).
+	args := []string{"-name", "guest=" + escape(c.Name) + ",debug-threads=on"}
 	for _, f := range c.FDSets {
 		args = append(args, "-add-fd", fmt.Sprintf("fd=%d,set=%d", f.FD, f.Set))
 	}
@@ -126,6 +139,17 @@ func Args(c VMConfig) ([]string, error) {
 		args = append(args, "-sandbox", SandboxOptions)
 	}
 	return args, nil
+}
+
+// hostNodes is a memory backend's binding to nodes: "host-nodes=0,
+// host-nodes=2,policy=bind" (QEMU takes the list as repeated keys; a
+// range's "-" would do for consecutive nodes only).
+func hostNodes(nodes []int) string {
+	var b strings.Builder
+	for _, n := range nodes {
+		fmt.Fprintf(&b, "host-nodes=%d,", n)
+	}
+	return b.String() + "policy=bind"
 }
 
 // DetectAccel returns "kvm" when a hardware KVM module (kvm_intel or

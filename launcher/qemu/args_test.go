@@ -34,6 +34,13 @@ func TestArgs(t *testing.T) {
 			c.Accel, c.PCI, c.MachineArgs = "kvm", true, []string{"-M", "q35,memory-backend=gpu-ram"}
 		}, want: []string{"-M q35,memory-backend=gpu-ram", "-cpu host,host-phys-bits=on", "virtio-blk-pci,drive=root", "virtio-serial-pci"},
 			notWant: []string{"-M microvm"}},
+		{name: "vCPU threads named", want: []string{"-name guest=slurm-microvm-1.0.0,debug-threads=on"}},
+		{name: "a comma in the name", mod: func(c *VMConfig) { c.Name = "a,debug-threads=off" }, want: []string{"-name guest=a,,debug-threads=off,debug-threads=on"}},
+		{name: "memory on a NUMA node", mod: func(c *VMConfig) { c.MemoryNodes = []int{1} }, want: []string{
+			"-M microvm,x-option-roms=off,isa-serial=on,rtc=on,memory-backend=ram -object memory-backend-ram,id=ram,size=512M,host-nodes=1,policy=bind", "-m 512M",
+		}},
+		{name: "memory on two NUMA nodes", mod: func(c *VMConfig) { c.MemoryNodes = []int{0, 2} }, want: []string{"host-nodes=0,host-nodes=2,policy=bind"}},
+		{name: "no NUMA binding by default", notWant: []string{"memory-backend", "host-nodes"}},
 		{name: "PCI needs KVM", mod: func(c *VMConfig) { c.PCI = true }, wantErr: "needs KVM"},
 		{name: "newline in a path", mod: func(c *VMConfig) { c.RootDisk = "/a\nb" }, wantErr: "newline"},
 		{name: "space in a kernel word", mod: func(c *VMConfig) { c.Cmdline = []string{"a b"} }, wantErr: "whitespace"},
@@ -85,5 +92,22 @@ func TestArgs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMachineArgsHostNodes: the q35 machine's own backend carries the
+// NUMA binding (GPU steps).
+func TestMachineArgsHostNodes(t *testing.T) {
+	got, err := MachineArgs(Memory{MiB: 1024, PreallocThreads: 2, HostNodes: []int{1}}, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "memory-backend-ram,id=gpu-ram,size=1024M,prealloc=on,prealloc-threads=2,host-nodes=1,policy=bind"
+	if got[3] != want {
+		t.Errorf("memory backend %q, want %q", got[3], want)
+	}
+	got, _ = MachineArgs(Memory{MiB: 1024}, 1<<30)
+	if strings.Contains(strings.Join(got, " "), "host-nodes") {
+		t.Errorf("no HostNodes, yet bound: %v", got)
 	}
 }

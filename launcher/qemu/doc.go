@@ -151,4 +151,38 @@
 //     which moves the memory map's cost out of the boot but not out of the
 //     way of the task, which must not start before its memory is there
 //     (or the guest OOM-kills what the host allocation allows).
+//   - Placement (SandboxConfig.HostCPUs, MemoryNodes; launcher/placement
+//     decides them): the vCPU threads are found by their names, QEMU's
+//     -name debug-threads=on ("CPU <n>/TCG", "CPU <n>/KVM"; "ALL CPUs/TCG"
+//     for single-threaded TCG), in /proc/<pid>/task/*/comm, polled from
+//     the VMM's start until all are there (QEMU creates them during
+//     machine set-up, before it loads the kernel), while the guest boots;
+//     Start returns only once they are pinned (pin.go). vCPU i goes on
+//     placement.VCPUs' CPU with sched_setaffinity per thread id; the main
+//     thread first, then every other thread, to the whole allocation
+//     (later threads inherit it: QEMU's thread pool spawns its workers
+//     from the main loop so that they do not take a vCPU's affinity).
+//     Not QMP's query-cpus-fast (github.com/digitalocean/go-qemu): it
+//     needs a second control channel into the VMM (a monitor on another
+//     inherited socketpair), a handshake and a library for one list of
+//     thread ids that the names already give, and pinning before the
+//     first guest instruction would also need -S and a `cont`, one more
+//     round trip on the boot path, for a few milliseconds of unpinned
+//     boot inside the step's cpuset. Trust is the same either way: a
+//     compromised VMM could rename its threads or answer QMP with lies;
+//     the names are read once, before the guest has run long enough to
+//     matter, and under -sandbox resourcecontrol=deny QEMU cannot call
+//     sched_setaffinity itself, so it cannot undo the pinning. Pinning is
+//     performance; the step's cpuset cgroup, which the VMM inherits, is
+//     the boundary. A thread that cannot be pinned (the VMM died, a CPU
+//     left the cpuset) is logged, not a failed start: the step would
+//     otherwise lose a working sandbox for speed (TestPlacement reads the
+//     affinity of every thread from the kernel).
+//   - Guest memory on a NUMA node: a memory-backend-ram with
+//     host-nodes=N,policy=bind (microvm takes it as
+//     `-M microvm,memory-backend=ram`, QEMU 7.2; the q35 machine of GPU
+//     steps puts the binding on its own backend), only when
+//     SandboxConfig.MemoryNodes is set; none: plain -m RAM (TestPlacement
+//     checks the binding in /proc/<pid>/numa_maps). mbind is not in
+//     QEMU's seccomp deny lists, so the binding holds under -sandbox.
 package qemu

@@ -18,6 +18,9 @@ type Memory struct {
 	// HugePages is a hugetlbfs mount (e.g. "/dev/hugepages") to take the
 	// guest RAM from; "" uses anonymous memory.
 	HugePages string
+	// HostNodes bind the RAM to these host NUMA nodes; none: the
+	// kernel's default policy.
+	HostNodes []int
 }
 
 // MemoryBackendID is the id of the memory backend MachineArgs creates.
@@ -45,6 +48,9 @@ func MachineArgs(m Memory, hole64 uint64) ([]string, error) {
 		}
 		mem = fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,prealloc=on,prealloc-threads=%d",
 			MemoryBackendID, m.MiB, strings.ReplaceAll(m.HugePages, ",", ",,"), threads)
+	}
+	if len(m.HostNodes) > 0 {
+		mem += "," + hostNodes(m.HostNodes)
 	}
 	return []string{
 		"-M", "q35,memory-backend=" + MemoryBackendID + ",vmport=off,smm=off,sata=off",

@@ -136,7 +136,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 			return nil, errors.New(d.noPassthrough())
 		}
 		var err error
-		if machineArgs, err = PCIArgs(cfg.Devices, Memory{MiB: cfg.MemoryMiB, PreallocThreads: cfg.CPUs, HugePages: d.o.HugePages}, cfg.PCIHole64); err != nil {
+		if machineArgs, err = PCIArgs(cfg.Devices, Memory{MiB: cfg.MemoryMiB, PreallocThreads: cfg.CPUs, HugePages: d.o.HugePages, HostNodes: cfg.MemoryNodes}, cfg.PCIHole64); err != nil {
 			return nil, err
 		}
 		for _, dev := range cfg.Devices {
@@ -274,6 +274,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		PCI:         pciMachine,
 		MachineArgs: machineArgs,
 		Net:         netdev,
+		MemoryNodes: cfg.MemoryNodes,
 	}
 	args, err := Args(vm)
 	if err != nil {
@@ -352,6 +353,10 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	if err := state.WriteProc(filepath.Join(cfg.StateDir, state.VMMPidFile), cmd.Process.Pid); err != nil {
 		log.Warn("record VMM pid", "err", err)
 	}
+	// Pinned while the guest boots, done by agent ready (pin.go).
+	pinned := make(chan struct{})
+	go func() { defer close(pinned); s.pin(ctx) }()
+	defer func() { <-pinned }()
 	s.sess, err = transport.NewHostSession(hostEnd)
 	if err != nil {
 		s.kill()
