@@ -384,9 +384,17 @@ type BootTimeline struct {
 
 // NewBootTimeline lays the guest's marks beside total, the host's time
 // from the VMM's spawn to Setup's answer. Marks out of order (a guest
-// clock that jumped) are clamped so the parts still add up to total.
+// clock that jumped) or past total (a guest that lies) are clamped so the
+// parts are never negative and still add up to total.
 func NewBootTimeline(total time.Duration, m *api.SetupResponse) BootTimeline {
-	us := func(v uint64) time.Duration { return time.Duration(v) * time.Microsecond }
+	// The marks are the guest's word: any uint64. Past the total they mean
+	// nothing on the host's clock (and could overflow a Duration).
+	us := func(v uint64) time.Duration {
+		if v > uint64(total/time.Microsecond) {
+			return total
+		}
+		return time.Duration(v) * time.Microsecond
+	}
 	marks := []time.Duration{us(m.GetAgentStartUs()), us(m.GetModulesDoneUs()), us(m.GetServingUs()), us(m.GetSetupStartUs()), us(m.GetSetupDoneUs())}
 	for i := 1; i < len(marks); i++ {
 		marks[i] = max(marks[i], marks[i-1])

@@ -26,6 +26,9 @@ func TestBootTimeline(t *testing.T) {
 			BootTimeline{Total: 1000 * ms, VMM: 300 * ms, Kernel: 500 * ms, AgentInit: 100 * ms, Setup: 100 * ms}},
 		{"no marks (an agent without them)", 1000 * ms, &api.SetupResponse{},
 			BootTimeline{Total: 1000 * ms, VMM: 1000 * ms}},
+		{"a guest that lies (marks that would overflow a Duration)", 1000 * ms,
+			&api.SetupResponse{AgentStartUs: 1 << 63, ModulesDoneUs: 1<<64 - 1, ServingUs: 5, SetupStartUs: 1 << 62, SetupDoneUs: 1<<64 - 1},
+			BootTimeline{Total: 1000 * ms, Kernel: 1000 * ms}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -35,6 +38,11 @@ func TestBootTimeline(t *testing.T) {
 			}
 			if sum := got.VMM + got.Kernel + got.Modules + got.AgentInit + got.SetupWait + got.Setup; sum != got.Total {
 				t.Fatalf("parts add up to %s, not the total %s", sum, got.Total)
+			}
+			for _, p := range []time.Duration{got.VMM, got.Kernel, got.Modules, got.AgentInit, got.SetupWait, got.Setup} {
+				if p < 0 {
+					t.Fatalf("a negative part: %+v", got)
+				}
 			}
 		})
 	}
