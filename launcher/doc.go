@@ -83,6 +83,25 @@
 //     time went. The stop's line comes after the task: it is in the kept
 //     log only. Alternative: a metrics endpoint; a per-step line needs no
 //     daemon and survives the step.
+//   - A task without input (no stdin, or /dev/null, which slurmstepd gives
+//     the tasks that get none) asks for its process to start with stdin
+//     at end of file (driver.ProcessSpec.StdinClosed, the agent API's
+//     stdin_closed) instead of reading /dev/null's end and then closing
+//     the guest's stdin with a CloseStdin call: that call was a round trip
+//     on every exec's path (about 3 ms of 30 under TCG). The process sees
+//     the same thing, a pipe at end of file. Only /dev/null (char 1:3)
+//     counts as no input: an empty regular file or a pipe may still get
+//     data. An agent that does not know the field answers without it and
+//     the client closes stdin itself (TestStdinClosedFallback).
+//   - The exec path's waits poll only where nothing can notify: WaitReady
+//     looks for the ready or error file every 10 ms while the supervisor
+//     boots (files written by another process; the first look finds a
+//     running sandbox ready, so an exec in one costs no poll), explain
+//     (driver/control) looks for the supervisor's VMM exit record every
+//     20 ms after a broken connection, and ExitLike sleeps 200 ms after it
+//     re-sent the workload's signal to itself, only if that signal did not
+//     end the process (a default action of ignore or stop), before it
+//     exits 128+S. None is on the path of an exec that succeeds.
 //   - spec.json carries the user's paths (image, mounts, workdir) byte for
 //     byte: a value that is not UTF-8 is also written base64 under "raw",
 //     since encoding/json would replace its bytes by U+FFFD.

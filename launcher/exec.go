@@ -134,6 +134,11 @@ func execIn(ctx context.Context, c driver.Client, spec driver.ProcessSpec, io St
 		}
 	}
 	spec.PendingSignals = append(spec.PendingSignals, pendingSignals(sigs)...)
+	// No input (none, or /dev/null, which reads as end of file for
+	// ever): the process starts with its stdin at end of file, sparing
+	// the call that would close it after the start.
+	noInput := io.In == nil || isDevNull(io.In)
+	spec.StdinClosed = noInput && !tty
 	p, err := c.Exec(ctx, spec)
 	if err != nil {
 		return driver.ExitStatus{}, err
@@ -144,14 +149,10 @@ func execIn(ctx context.Context, c driver.Client, spec driver.ProcessSpec, io St
 			defer restore()
 		}
 	}
-	var in *os.File
-	if io.In != nil {
-		in = io.In
-	}
-	if in != nil {
-		p.Relay(ctx, in, io.Out, io.Err)
-	} else {
+	if noInput {
 		p.Relay(ctx, nil, io.Out, io.Err)
+	} else {
+		p.Relay(ctx, io.In, io.Out, io.Err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -329,6 +330,17 @@ func TaskEnv(env []string) []string {
 		out = append(out, kv)
 	}
 	return out
+}
+
+// isDevNull reports whether f is the null device (character device 1:3,
+// fixed by the kernel's devices.txt), which slurmstepd gives the tasks
+// that get no input.
+func isDevNull(f *os.File) bool {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return false
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == unix.Mkdev(1, 3)
 }
 
 func isTerminal(f *os.File) bool {

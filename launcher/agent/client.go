@@ -51,6 +51,10 @@ type ExitStatus struct {
 	// OOMKilled: the guest's OOM killer killed the process or one of
 	// its children (api.WaitResponse.oom_killed).
 	OOMKilled bool
+	// GuestRun is the process's run in the guest, from its start to the
+	// agent's reaping it, on the guest's clock (api.WaitResponse.run_ns);
+	// 0 when the agent does not measure it.
+	GuestRun time.Duration
 }
 
 func (s ExitStatus) String() string {
@@ -67,6 +71,14 @@ type Process struct {
 	Pid  uint32
 	Path string
 	tty  bool
+	// stdinClosed: the agent started the process with its stdin at end
+	// of file (api.CreateProcessRequest.stdin_closed), so Relay has
+	// nothing to send or close.
+	stdinClosed bool
+	// GuestCreate is the agent's share of Start, from the request's
+	// arrival to the process's start, on the guest's clock
+	// (api.CreateProcessResponse.create_ns); 0 when not measured.
+	GuestCreate time.Duration
 
 	forwards []*api.ForwardInfo
 
@@ -90,7 +102,10 @@ func (c *Client) Start(ctx context.Context, req *api.CreateProcessRequest) (*Pro
 		}
 		return nil, fmt.Errorf("create process %q: %s", req.Argv[0], status.Convert(err).Message())
 	}
-	return &Process{c: c, ID: resp.Id, Pid: resp.Pid, Path: string(resp.Path), tty: req.Terminal, forwards: resp.Forwards}, nil
+	return &Process{
+		c: c, ID: resp.Id, Pid: resp.Pid, Path: string(resp.Path), tty: req.Terminal, forwards: resp.Forwards,
+		stdinClosed: resp.StdinClosed, GuestCreate: time.Duration(resp.CreateNs),
+	}, nil
 }
 
 func (p *Process) setErr(err error) {
@@ -103,11 +118,16 @@ func (p *Process) setErr(err error) {
 
 // Relay copies stdin into the process and its stdout and stderr out, until
 // the process's output ends. stdin may be nil (no input: the process sees
-// EOF at once). Wait returns after the output is drained.
+// EOF at once). A process started with stdin_closed has its stdin at EOF
+// already: stdin is then not read. Wait returns after the output is
+// drained.
 func (p *Process) Relay(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) {
-	if stdin == nil {
+	switch {
+	case p.stdinClosed:
+	case stdin == nil:
+		// An agent that did not honour stdin_closed (or was not asked).
 		_, _ = p.c.CloseStdin(ctx, &api.ProcessRequest{Id: p.ID})
-	} else {
+	default:
 		go p.copyStdin(ctx, stdin)
 	}
 	p.outputs.Add(1)
@@ -179,10 +199,11 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 	p.errMu.Lock()
 	rerr := p.err
 	p.errMu.Unlock()
+	run := time.Duration(resp.RunNs)
 	if resp.Signal != 0 {
-		return ExitStatus{Code: 128 + int(resp.Signal), Signal: syscall.Signal(resp.Signal), OOMKilled: resp.OomKilled}, rerr
+		return ExitStatus{Code: 128 + int(resp.Signal), Signal: syscall.Signal(resp.Signal), OOMKilled: resp.OomKilled, GuestRun: run}, rerr
 	}
-	return ExitStatus{Code: int(resp.ExitCode), OOMKilled: resp.OomKilled}, rerr
+	return ExitStatus{Code: int(resp.ExitCode), OOMKilled: resp.OomKilled, GuestRun: run}, rerr
 }
 
 // Forwards are the guest side of the request's forwards, in request order.

@@ -251,6 +251,10 @@ type ProcessSpec struct {
 	// the sandbox booted), in arrival order: the process gets each once it
 	// catches or ignores it, or after a grace (launcher/agent/guest).
 	PendingSignals []syscall.Signal
+	// StdinClosed: the task has no input (no stdin, or /dev/null), so the
+	// process starts with its stdin at end of file, as if Relay had
+	// closed it, without the call that would (not with Terminal).
+	StdinClosed bool
 }
 
 // FDForward relays Host (closed when done) to fd GuestFD of the process.

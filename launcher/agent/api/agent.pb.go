@@ -1045,8 +1045,15 @@ type CreateProcessRequest struct {
 	// ignores it, or when it exits, or after the agent's grace
 	// (guest.PendingSignalGrace) from the start, whichever comes first.
 	PendingSignals []uint32 `protobuf:"varint,9,rep,packed,name=pending_signals,json=pendingSignals,proto3" json:"pending_signals,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The host has no input for the process (no stdin, or /dev/null): its
+	// stdin is at end of file from the start, as after CloseStdin, and
+	// the call is saved. The agent answers stdin_closed when it did so; a
+	// server that does not know the field leaves the answer false and
+	// the host then calls CloseStdin. Not with terminal (a terminal's end
+	// of input is a character, not a state).
+	StdinClosed   bool `protobuf:"varint,10,opt,name=stdin_closed,json=stdinClosed,proto3" json:"stdin_closed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateProcessRequest) Reset() {
@@ -1142,6 +1149,13 @@ func (x *CreateProcessRequest) GetPendingSignals() []uint32 {
 	return nil
 }
 
+func (x *CreateProcessRequest) GetStdinClosed() bool {
+	if x != nil {
+		return x.StdinClosed
+	}
+	return false
+}
+
 // Forward is one byte pipe of a process: an fd the process inherits (PMI2's
 // PMI_FD), or a TCP listener on the guest's loopback (PMIx's server URI)
 // whose connections the host picks up with AcceptChannel.
@@ -1217,7 +1231,14 @@ type CreateProcessResponse struct {
 	Path []byte `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
 	// Per forward, in request order: the channel of an fd forward, the
 	// listening address of a listener forward.
-	Forwards      []*ForwardInfo `protobuf:"bytes,4,rep,name=forwards,proto3" json:"forwards,omitempty"`
+	Forwards []*ForwardInfo `protobuf:"bytes,4,rep,name=forwards,proto3" json:"forwards,omitempty"`
+	// The request's stdin_closed was honoured: the process's stdin is at
+	// end of file already.
+	StdinClosed bool `protobuf:"varint,5,opt,name=stdin_closed,json=stdinClosed,proto3" json:"stdin_closed,omitempty"`
+	// Guest CLOCK_MONOTONIC nanoseconds from the request's arrival in the
+	// handler to the process's start (its execve done): the agent's share
+	// of the call, for the exec breakdown of `make bench`. 0: not measured.
+	CreateNs      uint64 `protobuf:"varint,6,opt,name=create_ns,json=createNs,proto3" json:"create_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1278,6 +1299,20 @@ func (x *CreateProcessResponse) GetForwards() []*ForwardInfo {
 		return x.Forwards
 	}
 	return nil
+}
+
+func (x *CreateProcessResponse) GetStdinClosed() bool {
+	if x != nil {
+		return x.StdinClosed
+	}
+	return false
+}
+
+func (x *CreateProcessResponse) GetCreateNs() uint64 {
+	if x != nil {
+		return x.CreateNs
+	}
+	return 0
 }
 
 type ForwardInfo struct {
@@ -1890,7 +1925,11 @@ type WaitResponse struct {
 	// The guest kernel's out-of-memory killer killed the process, or one
 	// of the processes it started, while it ran (see launcher/agent/guest:
 	// the process's own cgroup's memory.events, else /proc/vmstat).
-	OomKilled     bool `protobuf:"varint,3,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	OomKilled bool `protobuf:"varint,3,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	// Guest CLOCK_MONOTONIC nanoseconds from the process's start (its
+	// execve done) to the agent's reaping it: the process's own run, for
+	// the exec breakdown of `make bench`. 0: not measured.
+	RunNs         uint64 `protobuf:"varint,4,opt,name=run_ns,json=runNs,proto3" json:"run_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1944,6 +1983,13 @@ func (x *WaitResponse) GetOomKilled() bool {
 		return x.OomKilled
 	}
 	return false
+}
+
+func (x *WaitResponse) GetRunNs() uint64 {
+	if x != nil {
+		return x.RunNs
+	}
+	return 0
 }
 
 type ResizeTTYRequest struct {
@@ -2084,7 +2130,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x05Mount\x12\x10\n" +
 	"\x03tag\x18\x01 \x01(\tR\x03tag\x12 \n" +
 	"\vdestination\x18\x02 \x01(\fR\vdestination\x12\x1b\n" +
-	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\x99\x02\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\xbc\x02\n" +
 	"\x14CreateProcessRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\fR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\fR\x03env\x12\x10\n" +
@@ -2095,16 +2141,20 @@ const file_agent_proto_rawDesc = "" +
 	"\bforwards\x18\a \x03(\v2\x1e.slurmmicrovm.agent.v1.ForwardR\bforwards\x12 \n" +
 	"\fhost_time_ns\x18\b \x01(\x03R\n" +
 	"hostTimeNs\x12'\n" +
-	"\x0fpending_signals\x18\t \x03(\rR\x0ependingSignals\"K\n" +
+	"\x0fpending_signals\x18\t \x03(\rR\x0ependingSignals\x12!\n" +
+	"\fstdin_closed\x18\n" +
+	" \x01(\bR\vstdinClosed\"K\n" +
 	"\aForward\x12\x0e\n" +
 	"\x02fd\x18\x01 \x01(\rR\x02fd\x12\x16\n" +
 	"\x06listen\x18\x02 \x01(\tR\x06listen\x12\x18\n" +
-	"\areplace\x18\x03 \x01(\tR\areplace\"\x8d\x01\n" +
+	"\areplace\x18\x03 \x01(\tR\areplace\"\xcd\x01\n" +
 	"\x15CreateProcessResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\fR\x04path\x12>\n" +
-	"\bforwards\x18\x04 \x03(\v2\".slurmmicrovm.agent.v1.ForwardInfoR\bforwards\"A\n" +
+	"\bforwards\x18\x04 \x03(\v2\".slurmmicrovm.agent.v1.ForwardInfoR\bforwards\x12!\n" +
+	"\fstdin_closed\x18\x05 \x01(\bR\vstdinClosed\x12\x1b\n" +
+	"\tcreate_ns\x18\x06 \x01(\x04R\bcreateNs\"A\n" +
 	"\vForwardInfo\x12\x18\n" +
 	"\achannel\x18\x01 \x01(\tR\achannel\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\"@\n" +
@@ -2137,12 +2187,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x03eof\x18\x02 \x01(\bR\x03eof\"7\n" +
 	"\rSignalRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
-	"\x06signal\x18\x02 \x01(\rR\x06signal\"b\n" +
+	"\x06signal\x18\x02 \x01(\rR\x06signal\"y\n" +
 	"\fWaitResponse\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\rR\x06signal\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x03 \x01(\bR\toomKilled\"J\n" +
+	"oom_killed\x18\x03 \x01(\bR\toomKilled\x12\x15\n" +
+	"\x06run_ns\x18\x04 \x01(\x04R\x05runNs\"J\n" +
 	"\x10ResizeTTYRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04rows\x18\x02 \x01(\rR\x04rows\x12\x12\n" +

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultPath is the search path used when the image's config sets none
@@ -64,12 +66,18 @@ func secureJoin(root, p string) (string, error) {
 // lookPath resolves argv0 the way a shell would, but inside root with the
 // image's search path. It returns the path as seen inside root.
 func lookPath(root, argv0, searchPath string) (string, error) {
+	r := openRoot(root)
+	defer r.close()
+	return lookPathIn(r, argv0, searchPath)
+}
+
+func lookPathIn(r *resolveRoot, argv0, searchPath string) (string, error) {
 	if strings.Contains(argv0, "/") {
 		p := argv0
 		if !strings.HasPrefix(p, "/") {
 			return p, nil // relative to the working directory: execve decides
 		}
-		if isExecutable(root, p) {
+		if r.isExecutable(p) {
 			return p, nil
 		}
 		return "", fmt.Errorf("%s: %w", argv0, errNotFound)
@@ -82,11 +90,66 @@ func lookPath(root, argv0, searchPath string) (string, error) {
 			continue
 		}
 		p := path.Join(dir, argv0)
-		if isExecutable(root, p) {
+		if r.isExecutable(p) {
 			return p, nil
 		}
 	}
 	return "", fmt.Errorf("%s: %w (PATH=%s)", argv0, errNotFound, searchPath)
+}
+
+// resolveRoot looks up paths inside a root directory: with openat2's
+// RESOLVE_IN_ROOT on a descriptor of it where the kernel has it (5.6+),
+// one call per path that resolves ".." and every symlink, absolute ones
+// included, inside the root as the kernel does for the chrooted process;
+// else by secureJoin, component by component.
+type resolveRoot struct {
+	root string
+	fd   int // -1: secureJoin
+}
+
+func openRoot(root string) *resolveRoot {
+	r := &resolveRoot{root: root, fd: -1}
+	dir := root
+	if dir == "" {
+		dir = "/"
+	}
+	if fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+		r.fd = fd
+	}
+	return r
+}
+
+func (r *resolveRoot) close() {
+	if r.fd >= 0 {
+		unix.Close(r.fd)
+		r.fd = -1
+	}
+}
+
+// isExecutable reports whether p (absolute, inside the root) is a regular
+// file with an execute bit.
+func (r *resolveRoot) isExecutable(p string) bool {
+	if r.fd < 0 {
+		return isExecutable(r.root, p)
+	}
+	fd, err := unix.Openat2(r.fd, p, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err == unix.ENOSYS { // a kernel before 5.6
+		r.close()
+		r.fd = -1
+		return isExecutable(r.root, p)
+	}
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Mode&0o111 != 0
 }
 
 func isExecutable(root, p string) bool {

@@ -25,8 +25,8 @@ import (
 // maxRead bounds one ReadOutput or WriteStdin transfer (1 MiB).
 const maxRead = 1 << 20
 
-// pollInterval is how often a blocked ReadOutput looks whether the process
-// has exited while some grandchild still holds its output open.
+// pollInterval is how often a blocked AcceptChannel looks whether its
+// request was cancelled.
 const pollInterval = 200 * time.Millisecond
 
 // Options configure a Service.
@@ -84,6 +84,14 @@ type Service struct {
 	nextChan int
 	stopped  bool
 
+	// spareMu guards spare, a cgroup made ahead for the next process
+	// (makeSpare), nil when none is ready; making, set while one is
+	// being made; and closed, set by Close.
+	spareMu sync.Mutex
+	spare   *oomProbe
+	making  bool
+	closed  bool
+
 	clockMu sync.Mutex
 }
 
@@ -96,6 +104,9 @@ type process struct {
 	tty    bool
 	exited chan struct{}
 	status unix.WaitStatus
+	// run is the time from the start to the reaping; set before exited
+	// is closed.
+	run time.Duration
 	// oomKilled: the OOM killer killed it or one of its processes; set
 	// before exited is closed.
 	oomKilled bool
@@ -121,8 +132,18 @@ func New(o Options) *Service {
 // Register adds the service to a ttrpc server.
 func (s *Service) Register(srv *ttrpc.Server) { api.RegisterAgentService(srv, s) }
 
-// Close stops the reaper. It does not kill processes.
-func (s *Service) Close() { s.reaper.stop() }
+// Close stops the reaper and removes the spare cgroup. It does not kill
+// processes.
+func (s *Service) Close() {
+	s.reaper.stop()
+	s.spareMu.Lock()
+	spare := s.spare
+	s.spare, s.closed = nil, true
+	s.spareMu.Unlock()
+	if spare != nil {
+		spare.drop()
+	}
+}
 
 // uptimeMs is CLOCK_BOOTTIME in ms: guest-side timestamps comparable with
 // the kernel's log.
@@ -159,6 +180,7 @@ func (s *Service) Setup(ctx context.Context, req *api.SetupRequest) (*api.SetupR
 		root = ""
 	}
 	s.setup, s.root = req, root
+	s.makeSpare()
 	done := Uptime()
 	s.log.Info("sandbox set up", "uptime_ms", done.Milliseconds(), "uid", req.Uid, "gid", req.Gid, "groups", req.Groups, "root", root)
 	resp := &api.SetupResponse{SetupStartUs: uint64(begun.Microseconds()), SetupDoneUs: uint64(done.Microseconds())}
@@ -183,6 +205,7 @@ func (s *Service) identity() (*api.SetupRequest, string, error) {
 }
 
 func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessRequest) (*api.CreateProcessResponse, error) {
+	arrived := time.Now()
 	setup, root, err := s.identity()
 	if err != nil {
 		return nil, err
@@ -220,6 +243,7 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 
 	p := &process{tty: req.Terminal, exited: make(chan struct{}), fw: fw, pending: pendingSignals(req.PendingSignals)}
 	var childFiles []*os.File
+	stdinClosed := false
 	attr := &syscall.SysProcAttr{
 		Setsid: true,
 		Credential: &syscall.Credential{
@@ -265,9 +289,15 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 		}
 		p.stdin, p.stdout, p.stderr = inW, outR, errR
 		childFiles = []*os.File{inR, outW, errW}
+		if req.StdinClosed {
+			// No input: at end of file from the start, as after
+			// CloseStdin (whose later calls find it closed).
+			_ = inW.Close()
+			stdinClosed = true
+		}
 	}
 	s.syncClock(req.HostTimeNs)
-	oom, cgErr := newOOMProbe(s.opts.Cgroup)
+	oom, cgErr := s.takeCgroup()
 	if cgErr != nil {
 		s.log.Warn("no cgroup of its own for the process: OOM kills are told by /proc/vmstat", "err", cgErr)
 	}
@@ -296,11 +326,14 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 			// start it plainly, the vmstat counter tells OOM kills.
 			s.log.Warn("start in the process's cgroup failed; starting it without", "err", err)
 			oom.drop()
+			oom.vmstat = vmstatOOMKills()
 			return startProc(nil)
 		}
 		return pid, err
 	})
+	started := time.Now()
 	oom.started()
+	s.makeSpare()
 	closeChildEnds(childFiles)
 	fw.closeChildEnds()
 	if err != nil {
@@ -327,9 +360,12 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 	s.mu.Unlock()
 
 	go func() {
-		p.status = <-exitCh
+		ex := <-exitCh
+		p.status, p.run = ex.status, ex.at.Sub(started)
 		p.oomKilled = oom.killed(p.status)
 		close(p.exited)
+		// Off the exit's path: the answer does not wait for it.
+		oom.remove()
 		// The rank is gone: its listeners go; its channels drain and
 		// close when the host reads their EOF or the agent stops.
 		for _, l := range fw.listeners {
@@ -338,7 +374,10 @@ func (s *Service) CreateProcess(ctx context.Context, req *api.CreateProcessReque
 		s.log.Info("process exited", "id", p.id, "pid", pid, "status", describe(p.status), "oom_killed", p.oomKilled)
 	}()
 	s.log.Info("process started", "id", p.id, "pid", pid, "path", resolved, "tty", req.Terminal, "pending_signals", len(p.pending))
-	return &api.CreateProcessResponse{Id: p.id, Pid: uint32(pid), Path: []byte(resolved), Forwards: fwInfo}, nil
+	return &api.CreateProcessResponse{
+		Id: p.id, Pid: uint32(pid), Path: []byte(resolved), Forwards: fwInfo,
+		StdinClosed: stdinClosed, CreateNs: uint64(started.Sub(arrived)),
+	}, nil
 }
 
 func closeChildEnds(files []*os.File) {
@@ -475,19 +514,45 @@ type deadlineReader interface {
 
 // readPolled blocks until r has data (at most len bytes, 64 KiB when 0,
 // never more than maxRead), r ends, ctx ends, or done is closed while
-// nothing is buffered; it wakes every pollInterval to look. A nil done
-// never ends the wait.
+// nothing is buffered. A nil done never ends the wait. Calls on one r
+// must not overlap (the callers hold a lock per stream).
+//
+// Nothing polls: the end of ctx or of done wakes the blocked Read by
+// moving r's read deadline into the past, and once done is closed what is
+// still buffered is read without waiting (drain) before the output ends.
+// The wake-up goroutine is gone when readPolled returns, so a deadline it
+// set never reaches a later call, which clears it first.
 func readPolled(ctx context.Context, r deadlineReader, length uint32, done <-chan struct{}) (*api.ReadOutputResponse, error) {
 	n := int(length)
 	if n <= 0 || n > maxRead {
 		n = 64 << 10
 	}
 	buf := make([]byte, n)
+	_ = r.SetReadDeadline(time.Time{})
+	stop, woke := make(chan struct{}), make(chan struct{})
+	defer func() {
+		close(stop)
+		<-woke
+	}()
+	go func() {
+		defer close(woke)
+		select {
+		case <-done:
+		case <-ctx.Done():
+		case <-stop:
+			return
+		}
+		_ = r.SetReadDeadline(time.Unix(1, 0))
+	}()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, status.FromContextError(err).Err()
 		}
-		_ = r.SetReadDeadline(time.Now().Add(pollInterval))
+		select {
+		case <-done:
+			return drain(r, buf)
+		default:
+		}
 		k, err := r.Read(buf)
 		if k > 0 {
 			return &api.ReadOutputResponse{Data: buf[:k]}, nil
@@ -495,15 +560,43 @@ func readPolled(ctx context.Context, r deadlineReader, length uint32, done <-cha
 		switch {
 		case err == nil:
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			select {
-			case <-done:
-				return &api.ReadOutputResponse{Eof: true}, nil
-			default:
-			}
+			// Woken: ctx or done ended, which the loop looks at.
 		default:
 			return &api.ReadOutputResponse{Eof: true}, nil
 		}
 	}
+}
+
+// drain reads what r holds now into buf without waiting: data, or the end
+// of the output when nothing is left (or r ended).
+func drain(r deadlineReader, buf []byte) (*api.ReadOutputResponse, error) {
+	sc, ok := r.(syscall.Conn) // *os.File, the process's outputs
+	if !ok {
+		return &api.ReadOutputResponse{Eof: true}, nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return &api.ReadOutputResponse{Eof: true}, nil
+	}
+	k := 0
+	_ = raw.Control(func(fd uintptr) {
+		// The descriptor is non-blocking (in the poller): an empty
+		// pipe answers EAGAIN at once.
+		for {
+			n, err := unix.Read(int(fd), buf)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == nil && n > 0 {
+				k = n
+			}
+			return
+		}
+	})
+	if k > 0 {
+		return &api.ReadOutputResponse{Data: buf[:k]}, nil
+	}
+	return &api.ReadOutputResponse{Eof: true}, nil
 }
 
 func (s *Service) Signal(ctx context.Context, req *api.SignalRequest) (*api.Empty, error) {
@@ -539,9 +632,9 @@ func (s *Service) Wait(ctx context.Context, req *api.ProcessRequest) (*api.WaitR
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	if p.status.Signaled() {
-		return &api.WaitResponse{ExitCode: -1, Signal: uint32(p.status.Signal()), OomKilled: p.oomKilled}, nil
+		return &api.WaitResponse{ExitCode: -1, Signal: uint32(p.status.Signal()), OomKilled: p.oomKilled, RunNs: uint64(p.run)}, nil
 	}
-	return &api.WaitResponse{ExitCode: int32(p.status.ExitStatus()), OomKilled: p.oomKilled}, nil
+	return &api.WaitResponse{ExitCode: int32(p.status.ExitStatus()), OomKilled: p.oomKilled, RunNs: uint64(p.run)}, nil
 }
 
 func (s *Service) ResizeTTY(ctx context.Context, req *api.ResizeTTYRequest) (*api.Empty, error) {

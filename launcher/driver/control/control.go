@@ -88,6 +88,7 @@ func (c *client) Exec(ctx context.Context, spec driver.ProcessSpec) (driver.Proc
 	req := &api.CreateProcessRequest{
 		Argv: api.Bytes(spec.Argv), Env: api.Bytes(spec.Env), Cwd: []byte(spec.Cwd),
 		Terminal: spec.Terminal, Rows: uint32(spec.Rows), Cols: uint32(spec.Cols),
+		StdinClosed: spec.StdinClosed && !spec.Terminal,
 	}
 	for _, sig := range spec.PendingSignals {
 		req.PendingSignals = append(req.PendingSignals, uint32(sig))
