@@ -59,12 +59,7 @@ func BenchmarkStepLaunch(b *testing.B) {
 	e := harness.Setup(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	accel := qemu.DetectAccel()
-	a, err := assets.Ensure(ctx, assets.Options{Agent: e.Agent, CacheDir: filepath.Join(harness.CacheDir, "assets")})
-	if err != nil {
-		b.Fatal(err)
-	}
-	report.Environment(accel, a.KernelVersion)
+	d, a, accel := benchDriver(ctx, b, e.Agent, filepath.Join(harness.CacheDir, "assets"))
 	helper := []string{e.Launcher, "image", "helper"}
 
 	// Image prepare: uncached (fresh cache each round), then cached.
@@ -90,11 +85,6 @@ func BenchmarkStepLaunch(b *testing.B) {
 	}
 
 	// The sandbox alone: boot to agent ready, VMM memory, stop.
-	d := qemu.New(qemu.Options{
-		Binary: "qemu-system-x86_64", Accel: accel, Kernel: a.Kernel, Initrd: a.Initrd,
-		Cmdline: assets.KernelCmdline(accel), Seccomp: true,
-		BootTimeout: 2 * time.Minute, StopGrace: 5 * time.Second,
-	})
 	var boot, stop []time.Duration
 	var mem []vmmMemory
 	for i := 0; i < rounds; i++ {

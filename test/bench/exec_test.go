@@ -15,11 +15,9 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
-	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver/control"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
-	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 	"github.com/slurm-microvm/slurm-microvm/test/harness"
 )
@@ -61,21 +59,11 @@ func BenchmarkExec(b *testing.B) {
 	e := harness.Setup(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	accel := qemu.DetectAccel()
-	a, err := assets.Ensure(ctx, assets.Options{Agent: e.Agent, CacheDir: filepath.Join(harness.CacheDir, "assets")})
-	if err != nil {
-		b.Fatal(err)
-	}
-	report.Environment(accel, a.KernelVersion)
+	d, _, accel := benchDriver(ctx, b, e.Agent, filepath.Join(harness.CacheDir, "assets"))
 	img, err := image.Prepare(ctx, e.Image, image.Options{CacheRoot: b.TempDir(), Helper: []string{e.Launcher, "image", "helper"}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	d := qemu.New(qemu.Options{
-		Binary: "qemu-system-x86_64", Accel: accel, Kernel: a.Kernel, Initrd: a.Initrd,
-		Cmdline: assets.KernelCmdline(accel), Seccomp: true,
-		BootTimeout: 2 * time.Minute, StopGrace: 5 * time.Second,
-	})
 	dir := b.TempDir()
 	sb, err := d.Start(ctx, driver.SandboxConfig{ID: "bench", StateDir: dir, CPUs: 2, MemoryMiB: 512, RootFS: driver.RootFS{Image: img.Disk, OverlayMiB: 64}})
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/placement"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
@@ -30,10 +29,7 @@ func BenchmarkPlacement(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	tmp := b.TempDir()
-	a, err := assets.Ensure(ctx, assets.Options{Agent: fixture.Agent(b), CacheDir: filepath.Join(tmp, "assets")})
-	if err != nil {
-		b.Fatal(err)
-	}
+	d, _, _ := benchDriver(ctx, b, fixture.Agent(b), filepath.Join(tmp, "assets"))
 	rootfs := filepath.Join(tmp, "rootfs")
 	fixture.BusyboxRootfs(b, rootfs, "Placement Bench OS")
 	disk := filepath.Join(tmp, "root.erofs")
@@ -46,13 +42,6 @@ func BenchmarkPlacement(b *testing.B) {
 	if len(host) > 2 {
 		host = host[:2]
 	}
-	accel := qemu.DetectAccel()
-	report.Environment(accel, a.KernelVersion)
-	d := qemu.New(qemu.Options{
-		Binary: "qemu-system-x86_64", Accel: accel, Kernel: a.Kernel, Initrd: a.Initrd,
-		Cmdline: assets.KernelCmdline(accel), Seccomp: true,
-		BootTimeout: 2 * time.Minute, StopGrace: 5 * time.Second,
-	})
 	var pinnedBoot, plainBoot, found, setting []time.Duration
 	vcpus, onCPU := 0, 0
 	for i := 0; i < rounds; i++ {
