@@ -73,8 +73,26 @@ func BenchmarkMPIPingPong(b *testing.B) {
 			c.impl.Name+" ("+c.mpi+")", lh, lv, bh, bv, lv/lh, bv/bh)
 		b.ReportMetric(lv/lh, c.impl.Name+"-lat-vm/host")
 		b.ReportMetric(bv/bh, c.impl.Name+"-bw-vm/host")
+		addMPI(c.impl.Name+" ("+c.mpi+"), 2 ranks in one VM", lh, lv, bh, bv,
+			"srun -n2 -c1 --mem=1536 --mpi="+c.mpi+" --microvm=IMG mpi_hello vs the implementation's own launcher on the host")
 	}
 	b.Log(sb.String())
+}
+
+// addMPI records one ping-pong comparison: latency (us) and bandwidth
+// (MB/s) on the host and in the VM, and the VM/host ratios.
+func addMPI(what string, latHost, latVM, bwHost, bwVM float64, command string) {
+	for _, f := range []Figure{
+		{Name: what + ": latency, host", Value: latHost, Unit: "us"},
+		{Name: what + ": latency, VM", Value: latVM, Unit: "us"},
+		{Name: "  latency VM / host", Value: latVM / latHost, Unit: "ratio"},
+		{Name: what + ": bandwidth, host", Value: bwHost, Unit: "MB/s"},
+		{Name: what + ": bandwidth, VM", Value: bwVM, Unit: "MB/s"},
+		{Name: "  bandwidth VM / host", Value: bwVM / bwHost, Unit: "ratio"},
+	} {
+		f.Section, f.Command = "mpi", command
+		report.Add(f)
+	}
 }
 
 func medianF(v []float64) float64 {
@@ -149,6 +167,8 @@ func BenchmarkMPIPingPongAcrossNodes(b *testing.B) {
 			c.impl.Name+" ("+c.mpi+", TCP)", lh, lv, bh, bv, lv/lh, bv/bh)
 		b.ReportMetric(lv/lh, c.impl.Name+"-xnode-lat-vm/host")
 		b.ReportMetric(bv/bh, c.impl.Name+"-xnode-bw-vm/host")
+		addMPI(c.impl.Name+" ("+c.mpi+", TCP), 2 ranks on 2 nodes", lh, lv, bh, bv,
+			"srun -N2 -n2 --ntasks-per-node=1 --mpi="+c.mpi+" --microvm=IMG mpi_hello vs the same srun on the bare nodes")
 	}
 	b.Log(sb.String())
 }
