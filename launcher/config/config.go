@@ -12,13 +12,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
-	"golang.org/x/sys/unix"
 
 	"github.com/slurm-microvm/slurm-microvm/fs"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
@@ -148,18 +149,20 @@ type QEMU struct {
 	RunAs *bool `toml:"runas"`
 	// Seccomp turns on QEMU's seccomp sandbox (-sandbox on,...).
 	Seccomp *bool `toml:"seccomp"`
-	// HugePages is a hugetlbfs mount (e.g. "/dev/hugepages") the guest
-	// RAM of a step with passed-through devices (GPUs) is taken from: VFIO
+	// HugePages is the huge page size ("2M" or "1G", x86-64's) the guest
+	// RAM of a step with passed-through devices (GPUs) is taken in: VFIO
 	// pins all of a passthrough guest's memory when the VMM starts, and
 	// pinning 2 MiB or 1 GiB pages is what keeps that start short for a
-	// large guest. QEMU, as the job's user, creates an unlinked file
-	// there, so the mount must be writable by the jobs' users and sticky
-	// (mode 1777 or 1770 with a group they share). The pages are the
-	// node's hugetlb pool, which Slurm's memory cgroup (v1) does not
-	// charge: size the pool for the passthrough steps. "" (default):
-	// anonymous memory, preallocated by as many threads as the guest has
-	// vCPUs. Steps without passthrough always use anonymous memory,
-	// populated lazily.
+	// large guest. The memory is a memfd of the VMM's own
+	// (memory-backend-memfd, hugetlb=on): no shared hugetlbfs mount that
+	// every user of the node could fill and keep, and the pages go back
+	// to the pool when the VMM exits. The pages come from the node's
+	// hugetlb pool (vm.nr_hugepages or /sys/kernel/mm/hugepages), which
+	// Slurm's memory cgroup does not charge: size the pool for the
+	// passthrough steps. The guest's memory is rounded down to whole
+	// pages. "" (default): anonymous memory, preallocated by as many
+	// threads as the guest has vCPUs. Steps without passthrough always use
+	// anonymous memory, populated lazily.
 	HugePages string `toml:"hugepages"`
 }
 
@@ -422,8 +425,8 @@ func (c *Config) validate(path string, data []byte) []error {
 	if c.QEMU.Binary == "" {
 		bad("qemu.binary", "must not be empty")
 	}
-	if h := c.QEMU.HugePages; h != "" && (!strings.HasPrefix(h, "/") || strings.ContainsAny(h, "\n\x00,")) {
-		bad("qemu.hugepages", "%q must be an absolute path without commas (a hugetlbfs mount)", h)
+	if _, err := HugePageMiB(c.QEMU.HugePages); err != nil {
+		bad("qemu.hugepages", "%v", err)
 	}
 	if !strings.HasPrefix(c.QEMU.Agent, "/") {
 		bad("qemu.agent", "%q must be an absolute path", c.QEMU.Agent)
@@ -639,7 +642,7 @@ func (c *Config) CheckHost(path string) error {
 		errs = append(errs, &Error{Path: path, Key: "cache_dir", Msg: err.Error()})
 	}
 	if c.QEMU.HugePages != "" {
-		if err := CheckHugePages(c.QEMU.HugePages); err != nil {
+		if err := CheckHugePages("/sys/kernel/mm/hugepages", c.QEMU.HugePages); err != nil {
 			errs = append(errs, &Error{Path: path, Key: "qemu.hugepages", Msg: err.Error()})
 		}
 	}
@@ -651,24 +654,44 @@ func (c *Config) CheckHost(path string) error {
 	return errors.Join(errs...)
 }
 
-// CheckHugePages checks that dir is a hugetlbfs mount (statfs(2) f_type
-// HUGETLBFS_MAGIC) that the jobs' users can create files in, sticky so
-// none can remove another's (qemu.hugepages).
-func CheckHugePages(dir string) error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("%q: %w", dir, err)
+// HugePageMiB is the page size qemu.hugepages names, in MiB: "2M" 2,
+// "1G" 1024, "" 0 (none). Errors: any other value (x86-64 has these two).
+func HugePageMiB(size string) (uint64, error) {
+	switch size {
+	case "":
+		return 0, nil
+	case "2M":
+		return 2, nil
+	case "1G":
+		return 1024, nil
 	}
-	if st.Type != unix.HUGETLBFS_MAGIC {
-		return fmt.Errorf("%q is not a hugetlbfs mount (mount -t hugetlbfs -o mode=1777,pagesize=1G none %s)", dir, dir)
+	return 0, fmt.Errorf("%q is not a huge page size of x86-64: give \"2M\", \"1G\" or nothing", size)
+}
+
+// CheckHugePages checks that the kernel has huge pages of size (a
+// hugepages-<kB>kB directory under sysfs, /sys/kernel/mm/hugepages) and
+// that its pool can hand any out: nr_hugepages or nr_overcommit_hugepages
+// above 0 (the kernel's hugetlbpage documentation).
+func CheckHugePages(sysfs, size string) error {
+	mib, err := HugePageMiB(size)
+	if err != nil || mib == 0 {
+		return err
 	}
-	fi, err := os.Stat(dir)
+	dir := filepath.Join(sysfs, fmt.Sprintf("hugepages-%dkB", mib*1024))
+	read := func(name string) (uint64, error) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return 0, err
+		}
+		return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	}
+	n, err := read("nr_hugepages")
 	if err != nil {
-		return fmt.Errorf("%q: %w", dir, err)
+		return fmt.Errorf("this kernel has no %s huge pages (%v)", size, err)
 	}
-	m := fi.Mode()
-	if m&os.ModeSticky == 0 || m.Perm()&0o003 != 0o003 && m.Perm()&0o030 != 0o030 {
-		return fmt.Errorf("%q has mode %s: QEMU runs as the job's user and creates its guest RAM file there; make it sticky and writable by the jobs' users (mode=1777)", dir, m)
+	over, _ := read("nr_overcommit_hugepages")
+	if n == 0 && over == 0 {
+		return fmt.Errorf("the node's pool of %s huge pages is empty: reserve them (echo N > %s/nr_hugepages, or hugepagesz=%s hugepages=N on the kernel command line)", size, dir, size)
 	}
 	return nil
 }

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
@@ -249,28 +247,48 @@ func TestBoolDefaultsIndependent(t *testing.T) {
 	}
 }
 
-// TestCheckHugePages: qemu.hugepages must be a hugetlbfs mount the jobs'
-// users can create files in, sticky; checked on a real hugetlbfs mount.
+// TestCheckHugePages: qemu.hugepages is a page size of x86-64, and config
+// check wants the kernel to have that size and a pool that is not empty
+// (fake sysfs trees; and the host's own, whatever its pool holds).
 func TestCheckHugePages(t *testing.T) {
-	if err := CheckHugePages(t.TempDir()); err == nil || !strings.Contains(err.Error(), "not a hugetlbfs mount") {
-		t.Fatalf("a plain directory: %v", err)
-	}
-	prereq.Root(t, "mount hugetlbfs")
 	for _, c := range []struct {
-		mode string
+		size string
+		mib  uint64
 		ok   bool
-	}{{"1777", true}, {"1770", true}, {"0777", false}, {"0755", false}} {
-		dir := t.TempDir()
-		if err := unix.Mount("none", dir, "hugetlbfs", 0, "mode="+c.mode); err != nil {
-			prereq.Missing(t, "mount hugetlbfs: %v", err)
-		}
-		err := CheckHugePages(dir)
-		_ = unix.Unmount(dir, 0)
-		if (err == nil) != c.ok {
-			t.Errorf("mode %s: %v, want ok=%v", c.mode, err, c.ok)
+	}{{"", 0, true}, {"2M", 2, true}, {"1G", 1024, true}, {"4M", 0, false}, {"/dev/hugepages", 0, false}, {"2m", 0, false}} {
+		mib, err := HugePageMiB(c.size)
+		if (err == nil) != c.ok || mib != c.mib {
+			t.Errorf("HugePageMiB(%q) = %d, %v", c.size, mib, err)
 		}
 	}
-	if _, err := Parse("t.toml", []byte("[qemu]\nhugepages = \"dev/hugepages\"\n")); err == nil || !strings.Contains(err.Error(), "qemu.hugepages") {
-		t.Errorf("a relative qemu.hugepages: %v", err)
+	if _, err := Parse("t.toml", []byte("[qemu]\nhugepages = \"/dev/hugepages\"\n")); err == nil || !strings.Contains(err.Error(), "qemu.hugepages") {
+		t.Errorf("a hugetlbfs path (the old form) accepted: %v", err)
+	}
+	sysfs := t.TempDir()
+	pool := func(kb, nr, over string) {
+		d := filepath.Join(sysfs, "hugepages-"+kb+"kB")
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_ = os.WriteFile(filepath.Join(d, "nr_hugepages"), []byte(nr+"\n"), 0o644)
+		_ = os.WriteFile(filepath.Join(d, "nr_overcommit_hugepages"), []byte(over+"\n"), 0o644)
+	}
+	pool("2048", "0", "0")
+	if err := CheckHugePages(sysfs, "2M"); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("an empty 2M pool: %v", err)
+	}
+	pool("2048", "0", "16")
+	if err := CheckHugePages(sysfs, "2M"); err != nil {
+		t.Errorf("a 2M pool that may overcommit: %v", err)
+	}
+	pool("2048", "512", "0")
+	if err := CheckHugePages(sysfs, "2M"); err != nil {
+		t.Errorf("a reserved 2M pool: %v", err)
+	}
+	if err := CheckHugePages(sysfs, "1G"); err == nil || !strings.Contains(err.Error(), "no 1G huge pages") {
+		t.Errorf("a kernel without 1G pages: %v", err)
+	}
+	if err := CheckHugePages("/sys/kernel/mm/hugepages", "2M"); err != nil && !strings.Contains(err.Error(), "empty") {
+		t.Errorf("the host's 2M pool: %v", err)
 	}
 }

@@ -91,13 +91,13 @@ func TestQEMUArgsVariants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := qemuArgs(p, qemu.Memory{MiB: 2048, HugePages: "/dev/huge,pages"})
+	got, err := qemuArgs(p, qemu.Memory{MiB: 2048, HugePageMiB: 1024})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := strings.Join(got, " ")
 	for _, w := range []string{
-		"memory-backend-file,id=gpu-ram,size=2048M,mem-path=/dev/huge,,pages,prealloc=on,prealloc-threads=1",
+		"memory-backend-memfd,id=gpu-ram,size=2048M,hugetlb=on,hugetlbsize=1024M,prealloc=on,prealloc-threads=1",
 		"pci-hole64-size=513G",
 		"pcie-root-port,id=gpu0-port,bus=pcie.0,chassis=1 ",
 	} {

@@ -145,9 +145,13 @@
 //     passthrough guest (q35, VFIO) must have all its memory present and
 //     pinned when the device is realised, the phase Kata reports at 21 s to
 //     over 200 s for 24 GiB: MachineArgs preallocates it with one thread per
-//     vCPU (prealloc-threads), from the hugetlbfs mount of qemu.hugepages
-//     when the site sets one (a 1 GiB page pins in one step instead of
-//     262144). Not done: hot-plugging the memory after boot (virtio-mem),
+//     vCPU (prealloc-threads), in huge pages of qemu.hugepages when the
+//     site sets a size (a 1 GiB page pins in one step instead of 262144),
+//     from a memfd of the VMM's own (memory-backend-memfd,hugetlb=on). Not
+//     a hugetlbfs mount (memory-backend-file,mem-path): it would have to be
+//     writable by every job user, and any of them, with or without a
+//     microVM, could fill it with files that keep the pool's pages after
+//     their job; a memfd's pages go back to the pool with the VMM. Not done: hot-plugging the memory after boot (virtio-mem),
 //     which moves the memory map's cost out of the boot but not out of the
 //     way of the task, which must not start before its memory is there
 //     (or the guest OOM-kills what the host allocation allows).

@@ -15,9 +15,10 @@ type Memory struct {
 	MiB uint64
 	// PreallocThreads touch the memory in parallel at start (0 = 1).
 	PreallocThreads int
-	// HugePages is a hugetlbfs mount (e.g. "/dev/hugepages") to take the
-	// guest RAM from; "" uses anonymous memory.
-	HugePages string
+	// HugePageMiB is the huge page size (2 or 1024) the guest RAM comes
+	// in, from a memfd of the VMM's own (hugetlb=on); 0: anonymous
+	// memory. MiB must be a multiple of it.
+	HugePageMiB uint64
 	// HostNodes bind the RAM to these host NUMA nodes; none: the
 	// kernel's default policy.
 	HostNodes []int
@@ -33,21 +34,22 @@ const MemoryBackendID = "gpu-ram"
 //	-object memory-backend-ram,id=gpu-ram,size=<MiB>M,prealloc=on,prealloc-threads=<n>
 //	-global q35-pcihost.pci-hole64-size=<hole64 bytes>
 //
-// (memory-backend-file with mem-path=<HugePages> instead when set). The
-// caller keeps `-m <MiB>M` (QEMU requires it to equal the backend's size).
-// Errors: no memory size, a hugepages path with a newline or NUL.
+// (memory-backend-memfd,hugetlb=on,hugetlbsize=<HugePageMiB>M instead
+// when set). The caller keeps `-m <MiB>M` (QEMU requires it to equal the
+// backend's size). Errors: no memory size, a size that is not a multiple
+// of the huge page size.
 func MachineArgs(m Memory, hole64 uint64) ([]string, error) {
 	if m.MiB == 0 {
 		return nil, errors.New("QEMU arguments need the guest memory size")
 	}
 	threads := max(m.PreallocThreads, 1)
 	mem := fmt.Sprintf("memory-backend-ram,id=%s,size=%dM,prealloc=on,prealloc-threads=%d", MemoryBackendID, m.MiB, threads)
-	if m.HugePages != "" {
-		if strings.ContainsAny(m.HugePages, "\n\x00") {
-			return nil, fmt.Errorf("hugepages path %q contains a newline or NUL", m.HugePages)
+	if p := m.HugePageMiB; p != 0 {
+		if m.MiB%p != 0 {
+			return nil, fmt.Errorf("guest memory %d MiB is not a whole number of %d MiB huge pages", m.MiB, p)
 		}
-		mem = fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,prealloc=on,prealloc-threads=%d",
-			MemoryBackendID, m.MiB, strings.ReplaceAll(m.HugePages, ",", ",,"), threads)
+		mem = fmt.Sprintf("memory-backend-memfd,id=%s,size=%dM,hugetlb=on,hugetlbsize=%dM,prealloc=on,prealloc-threads=%d",
+			MemoryBackendID, m.MiB, p, threads)
 	}
 	if len(m.HostNodes) > 0 {
 		mem += "," + hostNodes(m.HostNodes)

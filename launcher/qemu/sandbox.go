@@ -42,9 +42,9 @@ type Options struct {
 	// no host shares (see Start).
 	RunAs   bool
 	Seccomp bool
-	// HugePages is the hugetlbfs mount a passthrough guest's RAM comes
-	// from (config qemu.hugepages); "": anonymous memory.
-	HugePages   string
+	// HugePageMiB is the huge page size a passthrough guest's RAM comes
+	// in (config qemu.hugepages: 2 or 1024); 0: anonymous memory.
+	HugePageMiB uint64
 	BootTimeout time.Duration
 	StopGrace   time.Duration
 	// ConsoleMaxBytes bounds the guest console kept in the state
@@ -136,7 +136,10 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 			return nil, errors.New(d.noPassthrough())
 		}
 		var err error
-		if machineArgs, err = PCIArgs(cfg.Devices, Memory{MiB: cfg.MemoryMiB, PreallocThreads: cfg.CPUs, HugePages: d.o.HugePages, HostNodes: cfg.MemoryNodes}, cfg.PCIHole64); err != nil {
+		if cfg.MemoryMiB, err = WholePages(cfg.MemoryMiB, d.o.HugePageMiB); err != nil {
+			return nil, err
+		}
+		if machineArgs, err = PCIArgs(cfg.Devices, Memory{MiB: cfg.MemoryMiB, PreallocThreads: cfg.CPUs, HugePageMiB: d.o.HugePageMiB, HostNodes: cfg.MemoryNodes}, cfg.PCIHole64); err != nil {
 			return nil, err
 		}
 		for _, dev := range cfg.Devices {
@@ -371,6 +374,19 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	log.Info("agent ready", "ms", time.Since(t0).Milliseconds())
 	log.Info("boot timeline", tl.LogAttrs()...)
 	return s, nil
+}
+
+// WholePages rounds a guest of mib MiB down to whole huge pages of page
+// MiB (0: no huge pages, mib as it is): the guest gets at most what the
+// step has. Errors: less than one page.
+func WholePages(mib, page uint64) (uint64, error) {
+	if page == 0 {
+		return mib, nil
+	}
+	if mib < page {
+		return 0, fmt.Errorf("the guest's %d MiB is less than one %d MiB huge page (qemu.hugepages): give the step more memory (--mem)", mib, page)
+	}
+	return mib - mib%page, nil
 }
 
 // BootTimeline splits a boot, from the VMM's spawn to the answer of the

@@ -49,7 +49,7 @@ func byName(cfg *config.Config, name string, o Options) (driver.Driver, error) {
 			Binary: cfg.QEMU.Binary, Accel: accel,
 			RunAs:       *cfg.QEMU.RunAs,
 			Seccomp:     *cfg.QEMU.Seccomp,
-			HugePages:   cfg.QEMU.HugePages,
+			HugePageMiB: hugePageMiB(cfg.QEMU.HugePages),
 			BootTimeout: cfg.Timeouts.Boot.Duration,
 			StopGrace:   cfg.Timeouts.StopGrace.Duration,
 			Trampoline:  o.Trampoline,
@@ -91,4 +91,10 @@ func ForState(cfg *config.Config, stateDir string) (driver.Driver, error) {
 		return nil, fmt.Errorf("read the runtime driver of %s: %w", stateDir, err)
 	}
 	return byName(cfg, strings.TrimSpace(string(b)), Options{})
+}
+
+// hugePageMiB is qemu.hugepages in MiB; Parse has refused any other value.
+func hugePageMiB(size string) uint64 {
+	mib, _ := config.HugePageMiB(size)
+	return mib
 }
