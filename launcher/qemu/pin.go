@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -105,7 +106,9 @@ const pinPoll = time.Millisecond
 // one thread of single-threaded TCG gets all of hostCPUs. It returns when
 // all are pinned, or with an error once ctx ends, exited closes (the VMM
 // is gone) or a thread cannot be pinned; what was pinned by then stays.
-func pinVCPUs(ctx context.Context, pid, vcpus int, hostCPUs []int, exited <-chan struct{}) (Pinning, error) {
+// The affinity calls are made as uid, the VMM's (asUID), so a thread id
+// that is no longer the VMM's is refused by the kernel.
+func pinVCPUs(ctx context.Context, pid, vcpus int, hostCPUs []int, uid uint32, exited <-chan struct{}) (Pinning, error) {
 	t0 := time.Now()
 	cpus := placement.CPUSet(hostCPUs)
 	want := placement.VCPUs(vcpus, cpus)
@@ -133,34 +136,75 @@ func pinVCPUs(ctx context.Context, pid, vcpus int, hostCPUs []int, exited <-chan
 	for _, c := range cpus {
 		all.Set(c)
 	}
-	// The main thread first: a thread it starts meanwhile inherits the
-	// allocation; then every thread there is by now.
-	if err := unix.SchedSetaffinity(pid, &all); err != nil {
-		return Pinning{}, fmt.Errorf("pin the VMM's main thread %d to CPUs %s: %w", pid, cpus, err)
-	}
-	threads, err := Threads(pid)
-	if err != nil {
-		return Pinning{}, err
-	}
 	p := Pinning{Found: found}
-	for _, t := range threads {
-		set := all
-		if t.VCPU >= 0 && t.VCPU < vcpus {
-			set.Zero()
-			set.Set(want[t.VCPU])
+	err := asUID(uid, func() error {
+		// The main thread first: a thread it starts meanwhile inherits
+		// the allocation; then every thread there is by now.
+		if err := unix.SchedSetaffinity(pid, &all); err != nil {
+			return fmt.Errorf("pin the VMM's main thread %d to CPUs %s: %w", pid, cpus, err)
 		}
-		if err := unix.SchedSetaffinity(t.TID, &set); err != nil {
-			return p, fmt.Errorf("pin VMM thread %d (%q) to CPUs %s: %w", t.TID, t.Name, affinityList(&set), err)
+		threads, err := Threads(pid)
+		if err != nil {
+			return err
 		}
-		if t.VCPU >= 0 && t.VCPU < vcpus {
-			p.VCPUs = append(p.VCPUs, PinnedVCPU{VCPU: t.VCPU, TID: t.TID, CPU: want[t.VCPU]})
-		} else {
-			p.Others = append(p.Others, t.TID)
+		for _, t := range threads {
+			set := all
+			if t.VCPU >= 0 && t.VCPU < vcpus {
+				set.Zero()
+				set.Set(want[t.VCPU])
+			}
+			if err := unix.SchedSetaffinity(t.TID, &set); err != nil {
+				return fmt.Errorf("pin VMM thread %d (%q) to CPUs %s: %w", t.TID, t.Name, affinityList(&set), err)
+			}
+			if t.VCPU >= 0 && t.VCPU < vcpus {
+				p.VCPUs = append(p.VCPUs, PinnedVCPU{VCPU: t.VCPU, TID: t.TID, CPU: want[t.VCPU]})
+			} else {
+				p.Others = append(p.Others, t.TID)
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return p, err
 	}
 	sort.Slice(p.VCPUs, func(i, j int) bool { return p.VCPUs[i].VCPU < p.VCPUs[j].VCPU })
 	p.Took = time.Since(t0)
 	return p, nil
+}
+
+// asUID runs f on a locked OS thread whose effective uid alone is uid
+// (setresuid(2) as a raw system call changes the calling thread only; Go's
+// syscall.Setresuid would change every thread). A non-zero effective uid
+// drops the thread's effective capabilities, CAP_SYS_NICE among them, so
+// sched_setaffinity(2) then acts only on the threads of uid's processes
+// (the kernel's check, sched_setaffinity(2)): a VMM thread that exited and
+// whose id the kernel gave to another user's thread, between the listing
+// and the call, is refused rather than pinned. uid 0 (a VMM run as root),
+// or a caller that is not root, runs f as it is. The thread becomes root
+// again before it is unlocked; if that fails it stays locked and ends with
+// its goroutine.
+func asUID(uid uint32, f func() error) error {
+	if uid == 0 || os.Geteuid() != 0 {
+		return f()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		const keep = ^uintptr(0) // -1: leave that id as it is
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, keep, uintptr(uid), keep); e != 0 {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("act as uid %d: %w", uid, e)
+			return
+		}
+		err := f()
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, keep, 0, keep); e != 0 {
+			errc <- errors.Join(err, fmt.Errorf("act as root again: %w", e))
+			return // locked: the thread ends with the goroutine
+		}
+		runtime.UnlockOSThread()
+		errc <- err
+	}()
+	return <-errc
 }
 
 // found says whether threads hold every vCPU of vcpus (or the one
@@ -211,7 +255,7 @@ func (s *sandbox) pin(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, pinTimeout)
 	defer cancel()
 	host := placement.CPUSet(s.cfg.HostCPUs).String()
-	p, err := pinVCPUs(ctx, s.Pid(), s.cfg.CPUs, s.cfg.HostCPUs, s.done)
+	p, err := pinVCPUs(ctx, s.Pid(), s.cfg.CPUs, s.cfg.HostCPUs, s.vmmUID, s.done)
 	if err != nil {
 		s.log.Warn("vCPUs not pinned: the VMM runs anywhere in the step's CPUs", "host_cpus", host, "err", err)
 		return

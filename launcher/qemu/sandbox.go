@@ -90,6 +90,8 @@ type sandbox struct {
 	gpuDriver *api.GPUDriver
 	// network is the agent's network set-up (nil: loopback only).
 	network *api.Network
+	// vmmUID is the uid the VMM runs as (pinning acts as it).
+	vmmUID uint32
 
 	stopOnce sync.Once
 	// stopping is set before Stop kills the VMM: its end is then not a
@@ -343,7 +345,11 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	}
 	guestEnd.Close()
 	con.w.Close() // QEMU holds the console's write end now; EOF comes with it
-	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts, gpuDriver: gpuDriver, network: netSetup,
+	vmmUID := uint32(os.Geteuid())
+	if id.cred != nil {
+		vmmUID = id.cred.Uid
+	}
+	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts, gpuDriver: gpuDriver, network: netSetup, vmmUID: vmmUID,
 		ep: control.Endpoint{StateDir: cfg.StateDir, UID: cfg.UID, GID: cfg.GID}}
 	go func() {
 		err := cmd.Wait()
