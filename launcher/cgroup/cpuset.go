@@ -22,6 +22,10 @@ type CpusetCPUs struct {
 	List string
 	// File is the file List was read from.
 	File string
+	// Mems is the memory nodes the cgroup's tasks may allocate from, as
+	// the kernel writes them ("0", "0-1"): v1 cpuset.effective_mems (or
+	// cpuset.mems), v2 cpuset.mems.effective. "" when unreadable.
+	Mems string
 }
 
 // Cpuset reads the effective CPUs of the cpuset cgroup that ms (a
@@ -50,8 +54,9 @@ func Cpuset(ms []Membership, mountRoot string) (CpusetCPUs, error) {
 				continue
 			}
 			dir := filepath.Join(mountRoot, firstController(m.Controllers), m.Path)
-			for _, name := range []string{"cpuset.effective_cpus", "cpuset.cpus"} {
+			for i, name := range []string{"cpuset.effective_cpus", "cpuset.cpus"} {
 				if c, err := readCpuset(dir, name, m.Path); !errors.Is(err, os.ErrNotExist) {
+					c.Mems = readMems(dir, []string{"cpuset.effective_mems", "cpuset.mems"}[i:]...)
 					return c, err
 				}
 			}
@@ -60,6 +65,7 @@ func Cpuset(ms []Membership, mountRoot string) (CpusetCPUs, error) {
 	}
 	if v2 != nil {
 		c, err := readCpuset(filepath.Join(mountRoot, v2.Path), "cpuset.cpus.effective", v2.Path)
+		c.Mems = readMems(filepath.Join(mountRoot, v2.Path), "cpuset.mems.effective")
 		if errors.Is(err, os.ErrNotExist) {
 			return CpusetCPUs{}, fmt.Errorf("%w: the cpuset controller is not enabled for %s (no %s)", ErrNoCpuset, v2.Path, c.File)
 		}
@@ -76,6 +82,17 @@ func readCpuset(dir, name, path string) (CpusetCPUs, error) {
 	}
 	c.List = strings.TrimSpace(string(b))
 	return c, nil
+}
+
+// readMems returns the first of the files names in dir that reads, trimmed;
+// "" when none does.
+func readMems(dir string, names ...string) string {
+	for _, n := range names {
+		if b, err := os.ReadFile(filepath.Join(dir, n)); err == nil {
+			return strings.TrimSpace(string(b))
+		}
+	}
+	return ""
 }
 
 // ProcessCpuset is Cpuset for process pid, read from /proc/<pid>/cgroup.

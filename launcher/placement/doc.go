@@ -32,7 +32,10 @@
 //     which follows its pinned vCPUs without an interleave decision of
 //     ours. Slurm's own memory binding (--mem-bind, task/affinity) applies
 //     to tasks, not to the supervisor, so the node is inferred from the
-//     CPUs: what task/affinity's default (--mem-bind=local) would do.
+//     CPUs: what task/affinity's default (--mem-bind=local) would do. The
+//     node must also be among the cpuset's memory nodes (v1
+//     cpuset.effective_mems, v2 cpuset.mems.effective), or QEMU's bind
+//     would fail and the step would not boot: otherwise nothing is bound.
 //   - Pinning is performance, not a boundary: the VMM runs as the job's
 //     user inside the step's cpuset cgroup, which the kernel enforces
 //     whatever the VMM does with its own affinity.

@@ -91,6 +91,7 @@ func Of(pid int, r Roots, job, step uint32) (Placement, error) {
 func decide(affinity CPUSet, ms []cgroup.Membership, r Roots, job, step uint32) (Placement, error) {
 	p := Placement{CPUs: affinity}
 	inStep := false
+	mems := ""
 	switch cs, err := cgroup.Cpuset(ms, r.Cgroup); {
 	case errors.Is(err, cgroup.ErrNoCpuset):
 	case err != nil:
@@ -100,7 +101,7 @@ func decide(affinity CPUSet, ms []cgroup.Membership, r Roots, job, step uint32) 
 		if err != nil {
 			return Placement{}, fmt.Errorf("%s: %w", cs.File, err)
 		}
-		p.Cpuset = cs.Path
+		p.Cpuset, mems = cs.Path, cs.Mems
 		p.CPUs = p.CPUs.Intersect(allowed)
 		inStep = cgroup.InStep(cs.Path, job, step)
 	}
@@ -114,6 +115,15 @@ func decide(affinity CPUSet, ms []cgroup.Membership, r Roots, job, step uint32) 
 	p.Known = inStep || !online.Equal(p.CPUs)
 	if p.Node, p.HasNode, err = Node(r.Sys, p.CPUs); err != nil {
 		return Placement{}, err
+	}
+	// The node must be one the cpuset lets the step allocate from, or
+	// QEMU's bind (mbind(2)) fails and the step does not boot.
+	if p.HasNode && mems != "" {
+		allowed, err := ParseList(mems)
+		if err != nil {
+			return Placement{}, fmt.Errorf("the cpuset's memory nodes %q: %w", mems, err)
+		}
+		p.HasNode = allowed.Contains(p.Node)
 	}
 	return p, nil
 }

@@ -156,6 +156,25 @@ func TestDecide(t *testing.T) {
 			want:    Placement{CPUs: CPUSet{5, 6}, Known: true, Cpuset: stepV1, Node: 1, HasNode: true},
 		},
 		{
+			name: "v1 step cpuset on node 1, node 1 among its mems", affinity: CPUSet{0, 1, 2, 3, 4, 5, 6, 7},
+			cgroups: "3:cpuset:" + stepV1,
+			files:   with(twoNodes, map[string]string{"fs/cgroup/cpuset" + stepV1 + "/cpuset.effective_cpus": "5-6\n", "fs/cgroup/cpuset" + stepV1 + "/cpuset.effective_mems": "0-1\n"}),
+			want:    Placement{CPUs: CPUSet{5, 6}, Known: true, Cpuset: stepV1, Node: 1, HasNode: true},
+		},
+		{
+			name: "v1 step cpuset on node 1 that may not allocate there", affinity: CPUSet{0, 1, 2, 3, 4, 5, 6, 7},
+			cgroups: "3:cpuset:" + stepV1,
+			files:   with(twoNodes, map[string]string{"fs/cgroup/cpuset" + stepV1 + "/cpuset.effective_cpus": "5-6\n", "fs/cgroup/cpuset" + stepV1 + "/cpuset.effective_mems": "0\n"}),
+			want:    Placement{CPUs: CPUSet{5, 6}, Known: true, Cpuset: stepV1, Node: 1, HasNode: false},
+		},
+		{
+			name: "v2 step cpuset on node 0, mems without it", affinity: CPUSet{0, 1, 2, 3, 4, 5, 6, 7},
+			cgroups: "0::/system.slice/slurmstepd.scope/job_42/step_0/slurm",
+			files: with(twoNodes, map[string]string{"fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/slurm/cpuset.cpus.effective": "0-1",
+				"fs/cgroup/system.slice/slurmstepd.scope/job_42/step_0/slurm/cpuset.mems.effective": "1"}),
+			want: Placement{CPUs: CPUSet{0, 1}, Known: true, Cpuset: "/system.slice/slurmstepd.scope/job_42/step_0/slurm", Node: 0, HasNode: false},
+		},
+		{
 			name: "v1 without effective_cpus", affinity: CPUSet{0, 1, 2, 3, 4, 5, 6, 7},
 			cgroups: "3:cpuset:" + stepV1,
 			files:   with(twoNodes, map[string]string{"fs/cgroup/cpuset" + stepV1 + "/cpuset.cpus": "3-4"}),
