@@ -157,7 +157,17 @@ func BenchmarkStepLaunch(b *testing.B) {
 	add("bare QEMU boot + poweroff", median(bares), "qemu-system-x86_64 (same kernel, initramfs, machine) with slurm_microvm.poweroff=1")
 	add("srun true (no microVM)", median(plains), "srun "+strings.Join(stepShape[:], " ")+" true")
 	add("srun --microvm true", median(totals), srunCmd)
-	report.Add(Figure{Section: "launch", Name: "srun --microvm true / bare boot", Value: float64(median(totals)) / float64(median(bares)), Unit: "ratio", Target: "<= 1.15", Command: srunCmd + " vs the bare boot"})
+	// The ratio of each round (a bare boot and a step taken one after the
+	// other), so that load that comes and goes on the machine weighs on
+	// both sides of it; its median is held to the target, its spread shown.
+	var ratios []float64
+	for i := range sruns {
+		ratios = append(ratios, float64(sruns[i].Total)/float64(bares[i]))
+	}
+	sort.Float64s(ratios)
+	report.Add(Figure{Section: "launch", Name: "srun --microvm true / bare boot", Value: ratios[len(ratios)/2], Unit: "ratio", Target: "<= 1.15", Command: srunCmd + " vs the bare boot just before it, median of the rounds' ratios"})
+	report.Add(Figure{Section: "launch", Name: "  lowest round", Value: ratios[0], Unit: "ratio", Command: "the same, the round with the lowest ratio"})
+	report.Add(Figure{Section: "launch", Name: "  highest round", Value: ratios[len(ratios)-1], Unit: "ratio", Command: "the same, the round with the highest ratio"})
 	report.Add(Figure{Section: "launch", Name: "(srun --microvm - srun) / bare boot", Value: float64(median(totals)-median(plains)) / float64(median(bares)), Unit: "ratio", Command: "the VM's share of the launch, Slurm's own removed"})
 	mid := medianRound(sruns)
 	for _, p := range mid.Parts {
