@@ -12,6 +12,8 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/placement"
 	"github.com/slurm-microvm/slurm-microvm/launcher/qemu"
 	"github.com/slurm-microvm/slurm-microvm/test/fixture"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // threadAffinity reads a thread's allowed CPUs from the kernel
@@ -128,7 +130,7 @@ func TestPlacement(t *testing.T) {
 			}
 			maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/numa_maps", pid))
 			if err != nil {
-				t.Skipf("no NUMA maps to check the memory binding: %v", err)
+				prereq.Missing(t, "no NUMA maps to check the memory binding (a kernel with CONFIG_NUMA): %v", err)
 			}
 			bound := strings.Contains(string(maps), " bind:0 ")
 			if bound != (len(c.nodes) > 0) {

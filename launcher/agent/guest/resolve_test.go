@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // TestLookPath resolves commands inside a root as the chrooted process
@@ -61,7 +63,7 @@ func TestLookPath(t *testing.T) {
 					r.close()
 					r.fd = -1
 				} else if r.fd < 0 {
-					t.Skip("no openat2 on this kernel")
+					prereq.Missing(t, "no openat2(2) on this kernel (Linux 5.6 or later has it)")
 				}
 				got, err := lookPathIn(r, tt.argv0, search)
 				r.close()
