@@ -155,6 +155,15 @@
 //     which moves the memory map's cost out of the boot but not out of the
 //     way of the task, which must not start before its memory is there
 //     (or the guest OOM-kills what the host allocation allows).
+//   - Under TCG the vCPU threads are not pinned (Options.PinTCG, for the
+//     tests of the mechanism, does): on the two-node test cluster (two
+//     slurmd on one 2-CPU host) two microVMs pinned vCPU for vCPU to the
+//     same two CPUs, each running two busy-polling MPICH ranks, hung both
+//     guests (no agent answer for 15 s, TestE2EMultiNode mpich over pmi2,
+//     twice); unpinned the same test passes in 55 s. An emulated vCPU's
+//     cross-vCPU work (TLB flushes, exclusive sections) waits for every
+//     vCPU thread of its VM, and a pinned one cannot move off a CPU that a
+//     spinning thread holds. Pinning is for KVM, where a vCPU is a CPU.
 //   - Placement (SandboxConfig.HostCPUs, MemoryNodes; launcher/placement
 //     decides them): the vCPU threads are found by their names, QEMU's
 //     -name debug-threads=on ("CPU <n>/TCG", "CPU <n>/KVM"; "ALL CPUs/TCG"

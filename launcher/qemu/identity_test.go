@@ -66,7 +66,7 @@ func (e vmEnv) driver(runAs bool) *qemu.Driver {
 	accel := qemu.DetectAccel()
 	return qemu.New(qemu.Options{
 		Binary: "qemu-system-x86_64", Accel: accel, Kernel: e.a.Kernel, Initrd: e.a.Initrd,
-		Cmdline: assets.KernelCmdline(accel), RunAs: runAs, Seccomp: true,
+		Cmdline: assets.KernelCmdline(accel), RunAs: runAs, Seccomp: true, PinTCG: true,
 		BootTimeout: 90 * time.Second, StopGrace: 5 * time.Second,
 	})
 }

@@ -252,6 +252,10 @@ func (s *sandbox) pin(ctx context.Context) {
 	if len(s.cfg.HostCPUs) == 0 {
 		return
 	}
+	if s.d.o.Accel != "kvm" && !s.d.o.PinTCG {
+		s.log.Info("vCPUs not pinned: under TCG they run anywhere in the step's CPUs", "accel", s.d.o.Accel)
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, pinTimeout)
 	defer cancel()
 	host := placement.CPUSet(s.cfg.HostCPUs).String()

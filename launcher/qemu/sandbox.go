@@ -45,6 +45,9 @@ type Options struct {
 	// HugePageMiB is the huge page size a passthrough guest's RAM comes
 	// in (config qemu.hugepages: 2 or 1024); 0: anonymous memory.
 	HugePageMiB uint64
+	// PinTCG pins the vCPU threads under TCG too (tests of the pinning
+	// itself); the product pins under KVM only (see doc.go).
+	PinTCG      bool
 	BootTimeout time.Duration
 	StopGrace   time.Duration
 	// ConsoleMaxBytes bounds the guest console kept in the state

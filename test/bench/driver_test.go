@@ -23,7 +23,7 @@ func benchDriver(ctx context.Context, b *testing.B, agent, cacheDir string) (*qe
 	report.Environment(accel, a.KernelVersion)
 	d := qemu.New(qemu.Options{
 		Binary: "qemu-system-x86_64", Accel: accel, Kernel: a.Kernel, Initrd: a.Initrd,
-		Cmdline: assets.KernelCmdline(accel), Seccomp: true,
+		Cmdline: assets.KernelCmdline(accel), Seccomp: true, PinTCG: true,
 		BootTimeout: 2 * time.Minute, StopGrace: 5 * time.Second,
 	})
 	return d, a, accel
