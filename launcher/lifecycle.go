@@ -190,6 +190,9 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 		return err
 	case err := <-hung:
 		log.Error("guest agent hung; killing the VMM", "err", err, "vmm_pid", sb.Pid())
+		if dg, ok := sb.(driver.Diagnoser); ok {
+			log.Error("hung guest", "vmm", dg.Diagnose())
+		}
 		// The reason first: a task whose connection breaks when the VMM
 		// is gone reports the error file (Exec).
 		_ = fail(d, err)

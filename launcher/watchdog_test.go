@@ -73,6 +73,13 @@ func TestHungGuestFailsStep(t *testing.T) {
 	if vmm.Alive() {
 		t.Errorf("VMM pid %d still alive after the hang was detected", vmm.Pid)
 	}
+	// The admin's log says what the VMM did when the guest hung: here its
+	// vCPU threads were stopped (state T) and took no CPU.
+	if line := regexp.MustCompile(`msg="hung guest" .*vmm=".*CPU 0/[A-Z]+ T [0-9]+ms \+0ms.*guest console: .*`).FindString(r.log.String()); line == "" {
+		t.Errorf("supervisor log lacks the hung guest's threads:\n%s", r.log.String())
+	} else {
+		t.Log(line)
+	}
 	select {
 	case got := <-res:
 		if got.err == nil || got.err.Error() != want || !errors.Is(got.err, driver.ErrSandboxExited) {

@@ -226,6 +226,15 @@ type Sandbox interface {
 	Ping(ctx context.Context) error
 }
 
+// Diagnoser is a Sandbox that can describe its VMM for the supervisor's
+// log when the guest stopped answering (AgentHungError): whether the
+// vCPUs still ran, and the guest's last console lines. The supervisor
+// asks it, when implemented, before it kills the VMM; the text goes to
+// the admin's log only, never to the step's error.
+type Diagnoser interface {
+	Diagnose() string
+}
+
 // Share is one host directory mounted in the guest.
 type Share struct {
 	Dir         *os.File
