@@ -18,10 +18,9 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/test/harness"
 )
 
-// supervisorLogDir is [log] dir of the harness's configuration (the
-// default): each step's supervisor log is kept there as
-// <job>.<step>.<restart>.<node>.log.
-const supervisorLogDir = "/var/log/slurm-microvm"
+// supervisorLogDir is [log] dir of the harness's configuration: each
+// step's supervisor log is kept there as <job>.<step>.<restart>.<node>.log.
+const supervisorLogDir = harness.LogDir
 
 // part is one piece of a launch.
 type part struct {

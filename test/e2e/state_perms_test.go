@@ -132,7 +132,7 @@ func TestStatePermissions(t *testing.T) {
 			files = append(files, p)
 		}
 	}
-	kept := filepath.Join("/var/log/slurm-microvm", id+".log")
+	kept := filepath.Join(harness.LogDir, id+".log")
 	scratch := filepath.Join(harness.ScratchDir, id)
 	for _, want := range []string{"spec.json", "launcher.log", "vmm.log", "console.log", "supervisor", "ready"} {
 		found := false

@@ -33,6 +33,11 @@ const (
 	// ScratchDir holds the per-step scratch directories.
 	ScratchDir = cluster.BaseDir + "/scratch"
 	Root       = cluster.BaseDir + "/install"
+	// LogDir is [log] dir: each step's supervisor log, kept after the
+	// step as <job>.<step>.<restart>.<node>.log. Under Root, so every
+	// test cluster starts with none (job ids restart per cluster) and a
+	// failed test shows its own steps' warnings (StepLogProblems).
+	LogDir = Root + "/log"
 	RuntimeDir = "/run/slurm-microvm-e2e"
 	// GPUDriverRoot is gpu.driver.root: where a GPU test installs the
 	// stand-in NVIDIA driver (test/fixture/nvstandin); absent until then,
@@ -141,9 +146,11 @@ nvidia = %q
 allowed = [%q]
 writable = [%q]
 scratch_base = %q
+[log]
+dir = %q
 `, RuntimeDir, CacheDir, filepath.Join(bin, "slurm-microvm-agent"), filepath.Join(cluster.DefaultDir, "etc", "gres.conf"),
 		GPUDriverRoot, GPUDriverParams,
-		DataDir, filepath.Join(DataDir, "rw"), ScratchDir)
+		DataDir, filepath.Join(DataDir, "rw"), ScratchDir, LogDir)
 	e := &Env{Launcher: filepath.Join(bin, "slurm-microvm"), Config: cfg, Agent: filepath.Join(bin, "slurm-microvm-agent"), ImageName: "Microvm E2E Busybox", baseConfig: conf}
 	if err := e.WriteConfig("", ""); err != nil {
 		t.Fatal(err)
@@ -194,6 +201,12 @@ scratch_base = %q
 		tune(&opts)
 	}
 	e.C = cluster.Up(t, opts)
+	// Runs before the cluster goes down (cleanups run last first).
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("slurm-microvm: warnings and errors of this cluster's step logs (%s):\n%s", LogDir, StepLogProblems(LogDir, stepLogProblemLines))
+		}
+	})
 	u, err := user.Lookup(cluster.TestUser)
 	if err != nil {
 		t.Fatal(err)
