@@ -92,6 +92,12 @@ func SetupWith(t testing.TB, tune func(*cluster.Options), clusterEnv ...string) 
 	if err := os.RemoveAll(Root); err != nil {
 		t.Fatal(err)
 	}
+	// Stop records of an earlier test cluster whose epilog never ran (a
+	// killed test): job ids restart with every cluster, so job 16 would
+	// find job 16's record and refuse to start (state.ErrStopped).
+	if err := os.RemoveAll(filepath.Join(RuntimeDir, state.StoppedDir)); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
