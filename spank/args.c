@@ -20,12 +20,18 @@
  *   - a --microvm-* option without --microvm=IMAGE is refused
  *     (mv_options_orphan): without an image the step would run on the host
  *     and the option would silently do nothing.
+ * Every option has an environment fallback, SLURM_MICROVM_<NAME> as pyxis
+ * has PYXIS_* (mv_options_env): used when the option is not given, read
+ * from srun's/sbatch's environment and, on the node, from the step's
+ * (which srun exports); the command line wins. The variables other than
+ * SLURM_MICROVM_IMAGE count only for a step with an image (from either).
  */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "microvm.h"
 
@@ -49,29 +55,33 @@ static struct spank_option mv_spank_options[] = {
 	{ "microvm", "[docker://]REGISTRY/IMAGE[:TAG]|PATH",
 	  "[microvm] run the step's tasks inside a microVM booted from this "
 	  "image (one VM per step per node). PATH: an OCI archive or layout, "
-	  "a squashfs file or a root directory, absolute or ./relative",
+	  "a squashfs file or a root directory, absolute or ./relative "
+	  "(env SLURM_MICROVM_IMAGE)",
 	  1, MV_OPT_IMAGE, mv_option_cb },
 	{ "microvm-debug", NULL,
 	  "[microvm] verbose launcher logs and the guest console on the "
-	  "stderr of local task 0 (needs --microvm)",
+	  "stderr of local task 0 (needs --microvm; env SLURM_MICROVM_DEBUG=1)",
 	  0, MV_OPT_DEBUG, mv_option_cb },
 	{ "microvm-mounts", "SRC[:DST[:FLAGS]],...",
 	  "[microvm] host directories in the guest (needs --microvm). DST "
 	  "defaults to SRC; FLAGS ro (default), rw, optional, joined with +; "
-	  "escape , : \\ in paths as \\, \\: \\\\",
+	  "escape , : \\ in paths as \\, \\: \\\\ (env SLURM_MICROVM_MOUNTS)",
 	  1, MV_OPT_MOUNTS, mv_option_cb },
 	{ "microvm-workdir", "DIR",
 	  "[microvm] working directory of the tasks in the guest, absolute "
-	  "(needs --microvm; default: the image's WORKDIR, else /)",
+	  "(needs --microvm; default: the image's WORKDIR, else /; env "
+	  "SLURM_MICROVM_WORKDIR)",
 	  1, MV_OPT_WORKDIR, mv_option_cb },
 	{ "microvm-mpi", "auto|host|image|off",
 	  "[microvm] the host's MPI in the guest: when the ABIs match (auto, "
-	  "the default), always (host), never (image, off) (needs --microvm)",
+	  "the default), always (host), never (image, off) (needs --microvm; "
+	  "env SLURM_MICROVM_MPI)",
 	  1, MV_OPT_MPI, mv_option_cb },
 	{ "microvm-network", "none|step|user",
 	  "[microvm] the guest's network: none, the step's own network "
 	  "across its nodes (step), or outbound NAT (user); the site "
-	  "decides which are allowed (needs --microvm)",
+	  "decides which are allowed (needs --microvm; env "
+	  "SLURM_MICROVM_NETWORK)",
 	  1, MV_OPT_NETWORK, mv_option_cb },
 	SPANK_OPTIONS_TABLE_END
 };
@@ -114,12 +124,15 @@ static int mv_set_string(char **dst, const char *src)
 	return 0;
 }
 
-static int mv_option_cb(int val, const char *optarg, int remote)
+/*
+ * Sets option val to optarg; src names where the value came from in
+ * errors ("--microvm-mounts", or the environment variable).
+ */
+static int mv_option_set(int val, const char *optarg, const char *src)
 {
 	const char *name = mv_option_name(val);
 	char **dst = NULL;
 
-	(void)remote;
 	switch (val) {
 	case MV_OPT_DEBUG:
 		mv.opt.debug = 1;
@@ -145,12 +158,12 @@ static int mv_option_cb(int val, const char *optarg, int remote)
 	}
 
 	if (!optarg || !optarg[0]) {
-		mv_error("--%s: the value must not be empty (use --%s=%s)",
-			 name, name, val == MV_OPT_IMAGE ? "IMAGE" : "VALUE");
+		mv_error("%s: the value must not be empty (use --%s=%s)",
+			 src, name, val == MV_OPT_IMAGE ? "IMAGE" : "VALUE");
 		return -1;
 	}
 	if (strlen(optarg) > MV_MAX_OPTARG) {
-		mv_error("--%s: the value is longer than %d bytes", name,
+		mv_error("%s: the value is longer than %d bytes", src,
 			 MV_MAX_OPTARG);
 		return -1;
 	}
@@ -163,8 +176,126 @@ static int mv_option_cb(int val, const char *optarg, int remote)
 		return -1;
 	}
 	if (mv_set_string(dst, optarg) < 0) {
-		mv_error("--%s: out of memory", name);
+		mv_error("%s: out of memory", src);
 		return -1;
+	}
+	return 0;
+}
+
+static int mv_option_cb(int val, const char *optarg, int remote)
+{
+	char src[64];
+
+	(void)remote;
+	snprintf(src, sizeof(src), "--%s", mv_option_name(val));
+	return mv_option_set(val, optarg, src);
+}
+
+/*
+ * Environment fallbacks, as pyxis has PYXIS_*: the variable of an option
+ * that the command line (or #SBATCH) did not give. Empty means unset.
+ * SLURM_MICROVM_MOUNTS is not here: the launcher reads it itself (validate
+ * from srun's environment, prepare through --mounts-env), so that its
+ * errors name the variable and the mount policy knows its origin.
+ */
+static const struct {
+	int val;
+	const char *var;
+} mv_env_options[] = {
+	{ MV_OPT_IMAGE, "SLURM_MICROVM_IMAGE" }, /* first: see mv_options_env */
+	{ MV_OPT_WORKDIR, "SLURM_MICROVM_WORKDIR" },
+	{ MV_OPT_MPI, "SLURM_MICROVM_MPI" },
+	{ MV_OPT_NETWORK, "SLURM_MICROVM_NETWORK" },
+	{ MV_OPT_DEBUG, "SLURM_MICROVM_DEBUG" },
+	{ 0, NULL },
+};
+
+static int mv_option_given(int val)
+{
+	switch (val) {
+	case MV_OPT_DEBUG:
+		return mv.opt.debug;
+	case MV_OPT_IMAGE:
+		return mv.opt.image != NULL;
+	case MV_OPT_MOUNTS:
+		return mv.opt.mounts != NULL;
+	case MV_OPT_WORKDIR:
+		return mv.opt.workdir != NULL;
+	case MV_OPT_MPI:
+		return mv.opt.mpi != NULL;
+	case MV_OPT_NETWORK:
+		return mv.opt.network != NULL;
+	}
+	return 0;
+}
+
+/* SLURM_MICROVM_DEBUG: 1/yes/true/on set it, 0/no/false/off do not. */
+static int mv_env_debug(const char *var, const char *v)
+{
+	static const char *on[] = { "1", "yes", "true", "on", NULL };
+	static const char *off[] = { "0", "no", "false", "off", NULL };
+	int i;
+
+	for (i = 0; on[i]; i++)
+		if (!strcasecmp(v, on[i])) {
+			mv.opt.debug = 1;
+			return 0;
+		}
+	for (i = 0; off[i]; i++)
+		if (!strcasecmp(v, off[i]))
+			return 0;
+	mv_error("%s=%s: want 1 or 0 (also yes/no, true/false, on/off)", var,
+		 v);
+	return -1;
+}
+
+int mv_options_env(spank_t sp, int remote)
+{
+	char buf[MV_MAX_OPTARG + 2];
+	const char *v;
+	int i;
+
+	for (i = 0; mv_env_options[i].var; i++) {
+		const char *var = mv_env_options[i].var;
+
+		/* Without an image the other variables are not orphans, as
+		 * --microvm-* would be: a profile that sets them must not
+		 * break every host step. */
+		if (mv_env_options[i].val != MV_OPT_IMAGE && !mv.opt.image)
+			return 0;
+		if (mv_option_given(mv_env_options[i].val))
+			continue;
+		if (remote) {
+			spank_err_t err = spank_getenv(sp, var, buf,
+						       sizeof(buf));
+
+			if (err == ESPANK_ENV_NOEXIST)
+				continue;
+			if (err == ESPANK_NOSPACE) {
+				mv_error("%s: the value is longer than %d bytes",
+					 var, MV_MAX_OPTARG);
+				return -1;
+			}
+			if (err != ESPANK_SUCCESS) {
+				mv_error("cannot read %s of the job: %s", var,
+					 spank_strerror(err));
+				return -1;
+			}
+			v = buf;
+		} else if (!(v = getenv(var))) {
+			continue;
+		}
+		if (!v[0])
+			continue;
+		if (mv_env_options[i].val == MV_OPT_DEBUG) {
+			if (mv_env_debug(var, v) < 0)
+				return -1;
+		} else if (mv_option_set(mv_env_options[i].val, v, var) < 0) {
+			return -1;
+		}
+		if (mv.opt.from_env[0])
+			strcat(mv.opt.from_env, ", ");
+		strcat(mv.opt.from_env, var);
 	}
 	return 0;
 }

@@ -30,7 +30,8 @@ int mv_local_init_post_opt(spank_t sp)
 	struct mv_argv a = { 0 };
 	int rc;
 
-	(void)sp;
+	if (mv_options_env(sp, 0) < 0)
+		return -1;
 	if (!mv.opt.image) {
 		char *orphan = mv_options_orphan();
 
@@ -49,8 +50,11 @@ int mv_local_init_post_opt(spank_t sp)
 		    mv.cfg.timeout_s, NULL);
 	mv_argv_free(&a);
 	if (rc < 0) {
-		mv_error("--microvm=%s refused by %s validate (reason above)",
-			 mv.opt.image, mv.cfg.launcher);
+		mv_error("--microvm=%s refused by %s validate (reason above)%s%s",
+			 mv.opt.image, mv.cfg.launcher,
+			 mv.opt.from_env[0] ? "; options taken from the "
+					      "environment: " : "",
+			 mv.opt.from_env);
 		return -1;
 	}
 	return 0;

@@ -65,6 +65,8 @@ struct mv_options {
 	char *mpi;     /* --microvm-mpi=MODE       */
 	char *network; /* --microvm-network=MODE   */
 	int debug;     /* --microvm-debug          */
+	/* The SLURM_MICROVM_* variables mv_options_env took, ", "-joined. */
+	char from_env[160];
 };
 
 /* What slurmstepd (remote context) knows about this step on this node. */
@@ -103,6 +105,14 @@ int mv_is_multi_prog_data(int argc, char **argv);
  * the --microvm-* options given without --microvm=IMAGE and the fix.
  */
 char *mv_options_orphan(void);
+/*
+ * Fills the options not given from SLURM_MICROVM_IMAGE, _WORKDIR, _MPI,
+ * _NETWORK, _DEBUG (the last four only once there is an image): srun's
+ * environment (getenv) in the local and allocator contexts, the step's
+ * (spank_getenv) when remote. _MOUNTS is the launcher's (--mounts-env).
+ * Returns -1, logged, for a value the option would refuse.
+ */
+int mv_options_env(spank_t sp, int remote);
 struct mv_argv;
 /* Adds [--debug] [--mounts M] [--workdir W] [--mpi X] from the options. */
 void mv_argv_options(struct mv_argv *a);

@@ -202,6 +202,10 @@ int mv_remote_init_post_opt(spank_t sp)
 	uid_t uid;
 	gid_t gid;
 
+	/* The step's environment holds srun's SLURM_MICROVM_*: the same
+	 * options srun validated. */
+	if (mv_options_env(sp, 1) < 0)
+		return -1;
 	/* srun refuses --microvm-* without --microvm; should such a step
 	 * arrive anyway, its tasks are refused, never run on the host. */
 	if (!mv.opt.image && !(orphan = mv_options_orphan()))

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"os"
+	"reflect"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -263,5 +264,79 @@ func TestPlugstackConfLoads(t *testing.T) {
 	slices.Sort(known)
 	if len(known) == 0 || !slices.Equal(keys, known) {
 		t.Errorf("plugstack.conf documents %q, the plugin knows %q", keys, known)
+	}
+}
+
+// The SLURM_MICROVM_* fallbacks in srun, sbatch and salloc (as pyxis'
+// PYXIS_*): used when the option is not given, checked like the option,
+// named in errors by the variable; the command line wins.
+func TestEnvironmentFallbacks(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		env      map[string]string
+		line     string
+		validate []string // the validate call's arguments after --config; nil: refused
+		want     string   // part of the error when refused
+	}{
+		// SLURM_MICROVM_MOUNTS is the launcher's to read (validate's
+		// environment): never turned into --mounts here.
+		{name: "image and options", env: map[string]string{"SLURM_MICROVM_IMAGE": "/i/a.img", "SLURM_MICROVM_MOUNTS": "/data", "SLURM_MICROVM_MPI": "off", "SLURM_MICROVM_DEBUG": "1"},
+			validate: []string{"validate", "--image", "/i/a.img", "--debug", "--mpi", "off"}},
+		{name: "command line wins", env: map[string]string{"SLURM_MICROVM_IMAGE": "/i/a.img", "SLURM_MICROVM_WORKDIR": "/env"}, line: "--microvm=/i/b.img --microvm-workdir=/cli",
+			validate: []string{"validate", "--image", "/i/b.img", "--workdir", "/cli"}},
+		{name: "image on the command line, options from the environment", env: map[string]string{"SLURM_MICROVM_NETWORK": "step"}, line: "--microvm=/i/b.img",
+			validate: []string{"validate", "--image", "/i/b.img", "--network", "step"}},
+		{name: "empty is unset", env: map[string]string{"SLURM_MICROVM_IMAGE": "", "SLURM_MICROVM_MOUNTS": ""}},
+		{name: "debug off", env: map[string]string{"SLURM_MICROVM_IMAGE": "/i/a.img", "SLURM_MICROVM_DEBUG": "false"},
+			validate: []string{"validate", "--image", "/i/a.img"}},
+		{name: "bad debug value", env: map[string]string{"SLURM_MICROVM_IMAGE": "/i/a.img", "SLURM_MICROVM_DEBUG": "maybe"},
+			want: "SLURM_MICROVM_DEBUG=maybe: want 1 or 0"},
+		{name: "too long", env: map[string]string{"SLURM_MICROVM_IMAGE": "/" + strings.Repeat("a", 5000)},
+			want: "SLURM_MICROVM_IMAGE: the value is longer than 4096 bytes"},
+		// A profile's variables do not turn host steps into errors.
+		{name: "options without an image are ignored", env: map[string]string{"SLURM_MICROVM_MOUNTS": "/data", "SLURM_MICROVM_MPI": "bogus", "SLURM_MICROVM_DEBUG": "maybe"}},
+	} {
+		for _, ctx := range []Context{CtxLocal, CtxAllocator} {
+			t.Run(tt.name, func(t *testing.T) {
+				for _, v := range []string{"IMAGE", "MOUNTS", "WORKDIR", "MPI", "NETWORK", "DEBUG"} {
+					t.Setenv("SLURM_MICROVM_"+v, "")
+					os.Unsetenv("SLURM_MICROVM_" + v)
+				}
+				for k, v := range tt.env {
+					t.Setenv(k, v)
+				}
+				f := newFakeLauncher(t)
+				h := NewHost(Job{Context: ctx}, f.args()...)
+				if rc := h.Call(HookInit, -1); rc != 0 {
+					t.Fatalf("init = %d, log %q", rc, h.Log())
+				}
+				for _, o := range parseOptions(t, tt.line) {
+					if rc := h.Option(o.name, o.value, false); rc != 0 {
+						t.Fatalf("--%s = %d", o.name, rc)
+					}
+				}
+				rc := h.Call(HookInitPostOpt, -1)
+				calls := f.calls(t)
+				if tt.want != "" {
+					if rc == 0 || !logHas(h.Log(), "error: microvm: ", tt.want) {
+						t.Fatalf("context %d: rc %d, log %q; want refused with %q", ctx, rc, h.Log(), tt.want)
+					}
+					if len(calls) > 0 {
+						t.Errorf("launcher called: %q", argvs(calls))
+					}
+					return
+				}
+				if rc != 0 {
+					t.Fatalf("context %d: init_post_opt = %d, log %q", ctx, rc, h.Log())
+				}
+				var want [][]string
+				if tt.validate != nil {
+					want = [][]string{append([]string{"--config", f.config}, tt.validate...)}
+				}
+				if got := argvs(calls); !reflect.DeepEqual(got, want) {
+					t.Errorf("context %d: launcher calls %q, want %q", ctx, got, want)
+				}
+			})
+		}
 	}
 }

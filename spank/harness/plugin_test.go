@@ -358,6 +358,46 @@ func TestRemoteStep(t *testing.T) {
 			node:     "n7",
 		},
 		{
+			name: "options from the step's environment (SLURM_MICROVM_*)",
+			job: func() Job {
+				j := remoteJob()
+				j.Env["SLURM_MICROVM_IMAGE"] = "/images/env.img"
+				j.Env["SLURM_MICROVM_MOUNTS"] = "/data:/in"
+				j.Env["SLURM_MICROVM_WORKDIR"] = "/w"
+				j.Env["SLURM_MICROVM_MPI"] = "off"
+				j.Env["SLURM_MICROVM_NETWORK"] = "none"
+				j.Env["SLURM_MICROVM_DEBUG"] = "yes"
+				return j
+			},
+			exitSeq: []int{0, 1},
+			prepare: []string{"prepare", "--job", "42", "--step", "3", "--restart", "1",
+				"--uid", uid, "--gid", gid, "--groups", "10,20", "--user", user,
+				"--image", "/images/env.img", "--cores", "0-3", "--mem-mb", "2048",
+				"--gpus", "1,3", "--tasks", "2",
+				"--debug", "--workdir", "/w", "--mpi", "off", "--network", "none", "--mounts-env", "/data:/in"},
+			stepArgs: []string{"--job", "42", "--step", "3", "--restart", "1"},
+			state:    "42.3.1",
+		},
+		{
+			name: "the command line wins over the environment; empty is unset",
+			job: func() Job {
+				j := remoteJob()
+				j.Env["SLURM_MICROVM_IMAGE"] = "/images/env.img"
+				j.Env["SLURM_MICROVM_MOUNTS"] = "/data:/in"
+				j.Env["SLURM_MICROVM_WORKDIR"] = ""
+				j.Env["SLURM_MICROVM_DEBUG"] = "0"
+				return j
+			},
+			opts:    []option{{"microvm", "/images/cli.img"}, {"microvm-mounts", "/cli"}},
+			exitSeq: []int{0, 1},
+			prepare: []string{"prepare", "--job", "42", "--step", "3", "--restart", "1",
+				"--uid", uid, "--gid", gid, "--groups", "10,20", "--user", user,
+				"--image", "/images/cli.img", "--cores", "0-3", "--mem-mb", "2048",
+				"--gpus", "1,3", "--tasks", "2", "--mounts", "/cli"},
+			stepArgs: []string{"--job", "42", "--step", "3", "--restart", "1"},
+			state:    "42.3.1",
+		},
+		{
 			name: "bare step, unknown restart count",
 			job: func() Job {
 				j := remoteJob()
