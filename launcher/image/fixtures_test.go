@@ -266,6 +266,13 @@ type registry struct {
 
 func startRegistry(t *testing.T) *registry {
 	t.Helper()
+	return startRegistryAuth(t, "")
+}
+
+// startRegistryAuth starts a registry; with htpasswd (the path of a bcrypt
+// htpasswd file) it requires HTTP basic authentication for everything.
+func startRegistryAuth(t *testing.T, htpasswd string) *registry {
+	t.Helper()
 	needTools(t, "docker-registry")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -276,6 +283,9 @@ func startRegistry(t *testing.T) *registry {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "config.yml")
 	yml := fmt.Sprintf("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), host)
+	if htpasswd != "" {
+		yml += fmt.Sprintf("auth:\n  htpasswd:\n    realm: smv-test\n    path: %s\n", htpasswd)
+	}
 	if err := os.WriteFile(cfg, []byte(yml), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +308,7 @@ func startRegistry(t *testing.T) *registry {
 		resp, err := http.Get("http://" + host + "/v2/")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if resp.StatusCode == http.StatusOK || htpasswd != "" && resp.StatusCode == http.StatusUnauthorized {
 				break
 			}
 		}
