@@ -11,7 +11,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/image/auth"
+	"github.com/slurm-microvm/slurm-microvm/test/fixture"
 )
 
 // syncBuffer collects log output from several goroutines.
@@ -71,14 +71,7 @@ func TestPrivateRegistry(t *testing.T) {
 	if err := os.Chmod(base, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	htpasswd := filepath.Join(base, "htpasswd")
-	out, err := exec.Command("htpasswd", "-Bbn", login, password).Output()
-	if err != nil {
-		t.Fatalf("htpasswd: %v", err)
-	}
-	if err := os.WriteFile(htpasswd, out, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	htpasswd := fixture.Htpasswd(t, login, password)
 	reg := startRegistryAuth(t, htpasswd)
 
 	// A small image, pushed with the credentials.
