@@ -31,6 +31,7 @@ PACKAGES=(
 	qemu-system-x86 linux-image-amd64 # the VMM and the guest kernel (/boot/vmlinuz-*)
 	erofs-utils squashfs-tools cpio kmod busybox-static debootstrap # images, initramfs
 	docker-registry                   # local OCI registry for image tests
+	apache2-utils                     # htpasswd: the private-registry tests' basic-auth file
 	protobuf-compiler                 # agent protocol
 	gcc libc6-dev make pkg-config     # cgo, the SPANK plugin
 	xz-utils zstd gzip                # compressed kernel modules (test/fixture/nvstandin)

@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
+	"github.com/slurm-microvm/slurm-microvm/launcher/image/auth"
 )
 
 // imageCommand is `slurm-microvm image`: prepare, check, list and remove
@@ -32,6 +33,11 @@ func imageCommand() *cli.Command {
 				Name:      "prepare",
 				Usage:     "convert IMAGE to a cached erofs disk for a user (root), print it as JSON",
 				ArgsUsage: "IMAGE",
+				Description: "A registry image is pulled with the user's own credentials, read as that user, from the first of\n" +
+					"$REGISTRY_AUTH_FILE (else ~/.config/containers/auth.json), $DOCKER_CONFIG/config.json (else\n" +
+					"~/.docker/config.json) and $ENROOT_CONFIG_PATH/.credentials (else ~/.config/enroot/.credentials)\n" +
+					"that holds an entry for its registry; anonymously when none does. With --uid, the variables are not\n" +
+					"used (they are the caller's): that user's home directory is read, as in a job.",
 				Flags: []cli.Flag{
 					cacheFlag, uidFlag,
 					&cli.Uint64Flag{Name: "gid", Usage: "the job user's primary gid (default: the caller's)"},
@@ -198,6 +204,10 @@ func imageOptions(c *cli.Context) (image.Options, error) {
 		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	if !c.IsSet("uid") {
+		// The caller's own image: its own credential files, as podman
+		// and enroot find them (REGISTRY_AUTH_FILE, DOCKER_CONFIG,
+		// ENROOT_CONFIG_PATH, HOME). Never root's for another uid.
+		o.Auth = auth.EnvFrom(os.Getenv)
 		gs, err := os.Getgroups()
 		if err != nil {
 			return o, fmt.Errorf("read the caller's groups: %w", err)

@@ -193,9 +193,23 @@
 // setuid or daemon-backed `image rm` is more privileged code for a rare
 // need. An administrator frees the node cache.
 //
-// Registry pulls are anonymous: the launcher is root and a keychain would
-// lend root's credentials to anyone naming a private image. Private images
-// are used by saving them to a file. Options.Insecure permits plain http
+// Registry credentials are the job user's own, read as that user
+// (package auth: containers-auth.json, Docker's config.json, enroot's
+// .credentials, in that order): the helper's `auth` operation runs with
+// the user's uid, gid and groups and prints the credential on its stdout
+// pipe to root, which sends it only to the registry of the reference the
+// user named; without one the pull is anonymous. The credential is looked
+// up once per Prepare or Check, before the first request, whether or not
+// the registry asks for it. Alternatives: root's keychain
+// (authn.DefaultKeychain) lends root's credentials to anyone naming a
+// private image; opening the user's files as root follows a symlink the
+// user planted to another user's file; looking up lazily, on the
+// registry's 401, saves a helper run (a few ms) for public images but
+// needs an authenticator that starts processes from inside the HTTP
+// transport. The credential is never logged (its String and Format
+// redact), never in an error (a refusal names the file it came from, and
+// without one every file read and what it held), and never in the cache's
+// JSON or the step's spec. Options.Insecure permits plain http
 // only for loopback registries (go-containerregistry itself already uses
 // http for localhost and RFC 1918 addresses).
 //

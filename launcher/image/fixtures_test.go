@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/slurm-microvm/slurm-microvm/test/fixture"
 )
 
 // testLogger sends the package's log records to the test log.
@@ -258,56 +258,22 @@ func writeTar(p string, entries []tarEntry) error {
 	return os.WriteFile(p, buf.Bytes(), 0o644)
 }
 
-// registry is a real docker-registry (Debian's docker-registry package,
-// distribution 2.8) listening on a free loopback port, storage in a temp dir.
+// registry is a real docker-registry (fixture.StartRegistry) on a free
+// loopback port, storage in a temp dir.
 type registry struct {
 	host string // 127.0.0.1:PORT
 }
 
 func startRegistry(t *testing.T) *registry {
 	t.Helper()
-	needTools(t, "docker-registry")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	host := l.Addr().String()
-	l.Close()
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "config.yml")
-	yml := fmt.Sprintf("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), host)
-	if err := os.WriteFile(cfg, []byte(yml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("docker-registry", "serve", cfg)
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pid := cmd.Process.Pid
-	t.Cleanup(func() {
-		// Kill exactly the registry this test started, by its pid.
-		if p, err := os.FindProcess(pid); err == nil {
-			p.Kill()
-		}
-		cmd.Wait()
-	})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := http.Get("http://" + host + "/v2/")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("registry on %s not ready after 15 s: %v\n%s", host, err, logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return &registry{host: host}
+	return startRegistryAuth(t, "")
+}
+
+// startRegistryAuth starts a registry; with htpasswd (the path of a bcrypt
+// htpasswd file) it requires HTTP basic authentication for everything.
+func startRegistryAuth(t *testing.T, htpasswd string) *registry {
+	t.Helper()
+	return &registry{host: fixture.StartRegistry(t, htpasswd)}
 }
 
 func (r *registry) push(t *testing.T, repoTag string, img v1.Image) string {

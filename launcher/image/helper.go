@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/moby/sys/mountinfo"
+	"github.com/slurm-microvm/slurm-microvm/launcher/image/auth"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,11 +42,14 @@ var helperEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin
 //	stream PATH    write PATH to stdout: a file's bytes, or a directory as a
 //	               tar (an OCI layout: its regular files; a root filesystem:
 //	               everything, as writeTreeTar does)
+//	auth ENV REGISTRY REPO
+//	               find the user's credential for REGISTRY/REPO in the
+//	               sources of ENV (JSON of auth.Env); print a JSON auth.Result
 //	confine DIR -- ARGV...
 //	               (root, in a fresh mount namespace) make every mount
 //	               read-only except DIR, then exec ARGV
 //
-// The parent runs probe, check and stream with the job user's credentials,
+// The parent runs probe, check, stream and auth with the job user's credentials,
 // so PATH is opened with exactly the user's rights. It returns the exit
 // status; a failure is one line on stderr that the parent decodes back into
 // an *Error.
@@ -70,6 +74,17 @@ func runHelper(_ context.Context, args []string, stdout io.Writer) error {
 		return json.NewEncoder(stdout).Encode(r)
 	case "stream":
 		return streamPath(args[1], stdout)
+	case "auth":
+		if len(args) != 4 {
+			return fmt.Errorf("image helper auth: want ENV REGISTRY REPO, got %d arguments", len(args)-1)
+		}
+		var env auth.Env
+		if err := json.Unmarshal([]byte(args[1]), &env); err != nil {
+			return fmt.Errorf("image helper auth: bad ENV: %w", err)
+		}
+		// A home directory that cannot be looked up is in res.Tried.
+		res, _ := auth.Lookup(env, args[2], args[3])
+		return json.NewEncoder(stdout).Encode(res)
 	case "confine":
 		if len(args) < 4 || args[2] != "--" {
 			return fmt.Errorf("image helper confine: want DIR -- ARGV..., got %q", args[1:])

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/slurm-microvm/slurm-microvm/launcher/image/auth"
 )
 
 // Options says whose image is prepared and where it is cached.
@@ -32,6 +33,10 @@ type Options struct {
 	CacheRoot string
 	// Insecure allows plain http to a registry on a loopback address.
 	Insecure bool
+	// Auth says where the user's registry credentials are read, as the
+	// user (package auth); the zero value reads the default locations in
+	// the home directory the passwd database gives for UID.
+	Auth auth.Env
 	// Logger receives debug and info records (discarded when nil).
 	Logger *slog.Logger
 	// Helper is the command line of the helper child, before its

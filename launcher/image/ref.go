@@ -58,7 +58,7 @@ func parseRegistryRef(ref string, insecure bool) (name.Reference, error) {
 		return nil, newErr(ref, ErrInvalidRef, "unknown scheme", hintRef, nil)
 	}
 	if at := strings.Index(s, "@"); at >= 0 && !strings.HasPrefix(s[at:], "@sha256:") {
-		return nil, newErr(ref, ErrInvalidRef, "credentials in the reference are not supported", "registry images are pulled anonymously; name the image as host/repo:tag", nil)
+		return nil, newErr(ref, ErrInvalidRef, "credentials in the reference are not supported", "name the image as host/repo:tag and keep the credentials in ~/.docker/config.json or ~/.config/enroot/.credentials", nil)
 	}
 	if i := strings.Index(s, "#"); i >= 0 {
 		s = s[:i] + "/" + s[i+1:]
