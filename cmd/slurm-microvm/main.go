@@ -76,7 +76,11 @@ func newApp() *cli.App {
 			pocCommand(),
 			pocProbeCommand(),
 			versionCommand(),
+			manCommand(),
 		},
+		// `slurm-microvm <TAB>` in bash (the package's completion script,
+		// etc/bash-completion/slurm-microvm, asks --generate-bash-completion).
+		EnableBashCompletion: true,
 		ExitErrHandler: func(c *cli.Context, err error) {},
 	})
 }
