@@ -285,3 +285,39 @@ func TestPrermRefusesRunningSteps(t *testing.T) {
 		})
 	}
 }
+
+// TestDemoDownRemovesOnlyRecorded: `hack/demo.sh down` (make demo-down)
+// stops nothing it did not start (no cluster state: down.sh has nothing to
+// stop), removes its own record directory, and leaves alone a recorded
+// path that is not one the demo makes.
+func TestDemoDownRemovesOnlyRecorded(t *testing.T) {
+	prereq.Root(t, "hack/demo.sh runs as root")
+	prereq.Tools(t, "bash", "awk")
+	dir := t.TempDir()
+	demo := filepath.Join(dir, "demo")
+	if err := os.Mkdir(demo, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(demo, "installed"), []byte("path "+victim+"\ngo /opt/not-the-demos-go\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", filepath.Join(fixture.RepoRoot(), "hack", "demo.sh"), "down")
+	cmd.Env = append(os.Environ(), "SMV_DEMO_DIR="+demo, "SMV_DEMO_STATE="+filepath.Join(dir, "state"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo.sh down: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Errorf("demo.sh down removed %s, a path it does not make: %v\n%s", victim, err, out)
+	}
+	if _, err := os.Stat(demo); err == nil {
+		t.Errorf("demo.sh down left its record directory %s\n%s", demo, out)
+	}
+	if !strings.Contains(string(out), "left alone") {
+		t.Errorf("demo.sh down did not say it left %s alone:\n%s", victim, out)
+	}
+}
