@@ -78,10 +78,11 @@ func newApp() *cli.App {
 			versionCommand(),
 			manCommand(),
 		},
+		ExitErrHandler: func(c *cli.Context, err error) {},
+
 		// `slurm-microvm <TAB>` in bash (the package's completion script,
 		// etc/bash-completion/slurm-microvm, asks --generate-bash-completion).
 		EnableBashCompletion: true,
-		ExitErrHandler: func(c *cli.Context, err error) {},
 	})
 }
 

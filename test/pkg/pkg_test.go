@@ -218,7 +218,9 @@ func TestPackageInstallStepPurge(t *testing.T) {
 }
 
 // prerm is the package's prerm script.
-func prerm(t *testing.T) string { return filepath.Join(fixture.RepoRoot(), "hack", "mkdeb", "scripts", "prerm") }
+func prerm() string {
+	return filepath.Join(fixture.RepoRoot(), "hack", "mkdeb", "scripts", "prerm")
+}
 
 // TestPrermRefusesRunningSteps: removal is refused while a step's
 // supervisor (pid and start time as launcher/state records them) is
@@ -270,7 +272,7 @@ func TestPrermRefusesRunningSteps(t *testing.T) {
 			if err := os.WriteFile(cfg, []byte("runtime_dir = "+strconv.Quote(rt)+"\n[qemu]\nruntime_dir = \"/elsewhere\"\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.Command("sh", prerm(t), tc.arg)
+			cmd := exec.Command("sh", prerm(), tc.arg)
 			cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "SLURM_MICROVM_CONFIG=" + cfg}, tc.env...)
 			out, err := cmd.CombinedOutput()
 			if tc.refuse {
