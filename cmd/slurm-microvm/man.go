@@ -39,7 +39,11 @@ func writeManPages(app *cli.App, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("man pages: %w", err)
 	}
-	pages := map[string]*cli.App{app.Name: app}
+	top := *app
+	if top.Description == "" {
+		top.Description = "Each command has its own page, " + app.Name + "-COMMAND(1); the options the SPANK plugin adds to srun, sbatch and salloc (--microvm and --microvm-*) are in spank-microvm(8)."
+	}
+	pages := map[string]*cli.App{app.Name: &top}
 	for _, cmd := range app.VisibleCommands() {
 		if cmd.Name == "help" {
 			continue // cli's own, added by Run: nothing a page would add to --help
