@@ -28,6 +28,8 @@ LINT_REPORT_ONLY ?=
 TESTSUM    ?= $(GO) run ./hack/testsummary --
 # A Debian version starts with a digit: 0~git<commit time>.<hash> (hack/mkdeb).
 DEB_VERSION ?= $(shell git log -1 --format=0~git%cd.%h --date=format:%Y%m%d%H%M%S 2>/dev/null || echo 0~dev)
+# The package's file times: the commit's (reproducible builds' SOURCE_DATE_EPOCH).
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
 .PHONY: all build install assets test unit e2e poc bench demo demo-down man deb clean fmt vet lint
 
@@ -65,7 +67,7 @@ man: build
 # The Debian package (nFPM as a library, hack/mkdeb: its own module). Paths
 # are Debian's /usr, not PREFIX; see hack/mkdeb/doc.go.
 deb: build man
-	cd hack/mkdeb && $(GO) run . -repo $(CURDIR) -version $(DEB_VERSION) -o $(CURDIR)/bin/slurm-microvm_$(DEB_VERSION)_amd64.deb
+	cd hack/mkdeb && $(GO) run . -repo $(CURDIR) -version $(DEB_VERSION) -mtime $(SOURCE_DATE_EPOCH) -o $(CURDIR)/bin/slurm-microvm_$(DEB_VERSION)_amd64.deb
 
 assets: install
 	$(DESTDIR)$(BINDIR)/slurm-microvm assets

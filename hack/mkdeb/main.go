@@ -56,7 +56,9 @@ func main() {
 	flag.StringVar(&o.Version, "version", "", "Debian version (must start with a digit)")
 	flag.StringVar(&o.Out, "o", "", "the .deb to write (default BIN/slurm-microvm_VERSION_amd64.deb)")
 	flag.StringVar(&o.SpankHeader, "slurm-version-header", "/usr/include/slurm/slurm_version.h", "slurm_version.h the plugin was built against")
+	mtime := flag.Int64("mtime", 0, "time of every file, Unix seconds (the Makefile: the commit's time; SOURCE_DATE_EPOCH)")
 	flag.Parse()
+	o.MTime = time.Unix(*mtime, 0).UTC()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	out, err := Build(context.Background(), o)
 	if err != nil {
@@ -83,9 +85,6 @@ func Build(ctx context.Context, o Options) (string, error) {
 	}
 	if o.Out == "" {
 		o.Out = filepath.Join(o.Bin, "slurm-microvm_"+o.Version+"_amd64.deb")
-	}
-	if o.MTime.IsZero() {
-		o.MTime = time.Unix(0, 0).UTC()
 	}
 	stage, err := os.MkdirTemp("", "mkdeb-")
 	if err != nil {
