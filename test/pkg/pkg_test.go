@@ -67,6 +67,11 @@ func TestPackageInstallStepPurge(t *testing.T) {
 		t.Fatalf("%s is installed on this machine already: the test installs and purges it (dpkg -P %s first)", pkgName, pkgName)
 	}
 	repo := fixture.RepoRoot()
+	t0 := time.Now()
+	phase := func(name string) {
+		t.Logf("%s: %.1f s", name, time.Since(t0).Seconds())
+		t0 = time.Now()
+	}
 
 	// Build it.
 	version := "0~pkgtest"
@@ -77,6 +82,7 @@ func TestPackageInstallStepPurge(t *testing.T) {
 		t.Fatalf("make deb wrote no %s: %v\n%s", deb, err, out)
 	}
 	t.Cleanup(func() { os.Remove(deb) })
+	phase("make deb")
 	contents, err := exec.Command("dpkg-deb", "-c", deb).Output()
 	if err != nil {
 		t.Fatalf("dpkg-deb -c: %v", err)
@@ -153,12 +159,15 @@ func TestPackageInstallStepPurge(t *testing.T) {
 			owned = append(owned, p)
 		}
 	}
+	phase("dpkg -i")
 	if _, err := run(t, nil, "/usr/bin/slurm-microvm", "config", "check"); err != nil {
 		t.Fatalf("the package's config: %v", err)
 	}
 	if _, err := run(t, nil, "/usr/bin/slurm-microvm", "assets"); err != nil {
 		t.Fatalf("assets: %v", err)
 	}
+
+	phase("config check, assets")
 
 	// One step through the package's plugin, launcher, agent and config.
 	imgDir := filepath.Join(cluster.BaseDir, "pkg")
@@ -181,6 +190,7 @@ func TestPackageInstallStepPurge(t *testing.T) {
 	if err != nil || code != 0 || !strings.Contains(stdout, name) {
 		t.Fatalf("srun --microvm through the package: exit %d, err %v\nstdout: %s\nstderr: %s\nslurmd: %s", code, err, stdout, stderr, c.LogTail("slurmd", 30))
 	}
+	phase("cluster up, srun --microvm step")
 	if err := c.Down(); err != nil {
 		t.Fatalf("cluster down: %v", err)
 	}
@@ -215,6 +225,7 @@ func TestPackageInstallStepPurge(t *testing.T) {
 	if installed(t) {
 		t.Errorf("dpkg still lists %s after the purge", pkgName)
 	}
+	phase("cluster down, dpkg -r, dpkg -P")
 }
 
 // prerm is the package's prerm script.
