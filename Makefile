@@ -9,6 +9,9 @@
 #   make poc       slurm-microvm poc on the local one-node cluster (test/poc)
 #   make bench     side-by-side benchmarks (test/bench)
 #   make demo      one-node Slurm + a real `srun --microvm` step (hack/demo.sh)
+#   make demo-down stop the demo's cluster, remove what the demo installed
+#   make man       manual pages into bin/man (from --help's source)
+#   make deb       the Debian package bin/slurm-microvm_$(DEB_VERSION)_amd64.deb
 
 include dirs.mk
 
@@ -23,8 +26,12 @@ LINT_REPORT_ONLY ?=
 # testsummary prints go test's usual lines plus, per package, what ran and
 # what skipped (and why).
 TESTSUM    ?= $(GO) run ./hack/testsummary --
+# A Debian version starts with a digit: 0~git<commit time>.<hash> (hack/mkdeb).
+DEB_VERSION ?= $(shell git log -1 --format=0~git%cd.%h --date=format:%Y%m%d%H%M%S 2>/dev/null || echo 0~dev)
+# The package's file times: the commit's (reproducible builds' SOURCE_DATE_EPOCH).
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: all build install assets test unit e2e poc bench demo clean fmt vet lint
+.PHONY: all build install assets test unit e2e poc bench demo demo-down man deb clean fmt vet lint
 
 all: build
 
@@ -49,14 +56,29 @@ install: build
 	$(INSTALL) -m 0755 bin/spank_microvm.so $(DESTDIR)$(SPANKDIR)/spank_microvm.so
 	test -e $(DESTDIR)$(SYSCONFDIR)/microvm.toml || $(INSTALL) -m 0644 etc/microvm.toml $(DESTDIR)$(SYSCONFDIR)/microvm.toml
 
+# Manual pages, build outputs (not committed): slurm-microvm(1) and one
+# page per command from the CLI itself (urfave/cli ToMan), spank-microvm(8)
+# from spank/args.c's option table (spank/manpage).
+man: build
+	rm -rf bin/man
+	bin/slurm-microvm man --dir bin/man
+	$(GO) run ./spank/manpage -args spank/args.c -o bin/man/spank-microvm.8
+
+# The Debian package (nFPM as a library, hack/mkdeb: its own module). Paths
+# are Debian's /usr, not PREFIX; see hack/mkdeb/doc.go.
+deb: build man
+	cd hack/mkdeb && $(GO) run . -repo $(CURDIR) -version $(DEB_VERSION) -mtime $(SOURCE_DATE_EPOCH) -o $(CURDIR)/bin/slurm-microvm_$(DEB_VERSION)_amd64.deb
+
 assets: install
 	$(DESTDIR)$(BINDIR)/slurm-microvm assets
 
 # Unit and integration tests run in parallel packages; the Slurm end-to-end
-# tests (test/e2e) and the proof of concept (test/poc) each start the local
-# cluster and run last, one package after the other.
+# tests (test/e2e), the package's install/step/purge (test/pkg: it installs
+# into the real system) and the proof of concept (test/poc) each start the
+# local cluster and run one package after the other.
 test: lint build
-	$(TESTSUM) $(GO) test -json -count=1 $(TESTFLAGS) $$($(GO) list ./... | grep -v -e /test/e2e -e /test/poc)
+	$(TESTSUM) $(GO) test -json -count=1 $(TESTFLAGS) $$($(GO) list ./... | grep -v -e /test/e2e -e /test/poc -e /test/pkg)
+	$(TESTSUM) $(GO) test -json -count=1 -timeout 10m $(TESTFLAGS) ./test/pkg/
 	$(TESTSUM) $(GO) test -json -count=1 -tags smv_faults $(TESTFLAGS) ./launcher/fault/
 	$(TESTSUM) $(GO) test -json -count=1 -timeout 40m $(TESTFLAGS) ./test/e2e/
 	$(TESTSUM) $(GO) test -json -count=1 -timeout 60m $(TESTFLAGS) ./test/poc/
@@ -85,12 +107,16 @@ bench: build
 demo:
 	bash hack/demo.sh
 
+demo-down:
+	bash hack/demo.sh down
+
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
 
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags smv_faults,smv_gpu_standin ./launcher/...
+	cd hack/mkdeb && $(GO) vet ./...
 
 lint: vet
 	$(STATICCHECK) ./... $(if $(filter 1,$(LINT_REPORT_ONLY)),|| echo "lint: staticcheck findings above (LINT_REPORT_ONLY=1: not failing)")

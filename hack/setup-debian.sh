@@ -3,7 +3,13 @@
 # test slurm-microvm: the Debian packages the project uses, and a Go toolchain
 # at least as new as go.mod asks for. Idempotent: a second run changes nothing.
 #
-#   sudo hack/setup-debian.sh
+#   sudo hack/setup-debian.sh          everything the tests use
+#   sudo hack/setup-debian.sh --demo   only what hack/demo.sh needs (DEMO_PACKAGES)
+#
+# Before installing, it prints every package apt-get will add (those named
+# and their dependencies) and where they go. The demo profile installs no
+# recommended packages (--no-install-recommends: qemu-system-x86 alone would
+# pull qemu-system-gui and a desktop stack).
 #
 # Environment (optional):
 #   GOPROXY             module proxy list (default https://proxy.golang.org);
@@ -15,6 +21,9 @@
 #   GO_INSTALL_DIR=DIR  where Go goes (default /usr/local/go)
 #   FORCE_GO_DOWNLOAD=1 download even when a new enough go is present
 #   SKIP_APT=1          do not touch Debian packages
+#   SETUP_RECORD=FILE   append to FILE what this run installed: "package NAME"
+#                       for each Debian package apt-get added, "go DIR" when it
+#                       installed Go (hack/demo.sh down removes exactly those)
 set -euo pipefail
 
 log() { echo "setup-debian: $*"; }
@@ -22,6 +31,13 @@ die() { echo "setup-debian: error: $*" >&2; exit 1; }
 
 [[ $(id -u) -eq 0 ]] || die "run as root (apt-get, /usr/local)"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PROFILE=test
+case ${1:-} in
+--demo) PROFILE=demo ;;
+"") ;;
+*) die "unknown argument $1 (use --demo or nothing)" ;;
+esac
+record() { if [[ -n ${SETUP_RECORD:-} ]]; then echo "$*" >>"$SETUP_RECORD"; fi; }
 
 # Debian packages. Why each one:
 PACKAGES=(
@@ -44,6 +60,23 @@ PACKAGES=(
 	crun                              # with runc: Slurm's own srun --container, the bench's baseline (test/bench)
 )
 
+# What hack/demo.sh needs, and nothing else: build (Go's cgo, the plugin
+# against <slurm/spank.h>), one local Slurm node, QEMU with a guest
+# kernel, the image tools, the test cluster scripts' tools.
+DEMO_PACKAGES=(
+	slurmd slurmctld slurm-client munge libslurm-dev
+	qemu-system-x86 linux-image-amd64
+	erofs-utils squashfs-tools busybox-static
+	gcc libc6-dev make pkg-config
+	git ca-certificates curl unzip
+	iproute2 procps util-linux passwd hostname
+)
+APT_OPTS=()
+if [[ $PROFILE == demo ]]; then
+	PACKAGES=("${DEMO_PACKAGES[@]}")
+	APT_OPTS=(--no-install-recommends)
+fi
+
 if [[ -r /etc/os-release ]]; then
 	# shellcheck disable=SC1091
 	. /etc/os-release
@@ -65,7 +98,7 @@ else
 	if ((${#missing[@]} == 0)); then
 		log "all ${#PACKAGES[@]} Debian packages are installed"
 	else
-		log "installing: ${missing[*]}"
+		log "missing: ${missing[*]}"
 		# Without systemd (containers), keep package scripts from starting
 		# munge/slurm daemons with the system config: the test cluster runs
 		# its own (test/cluster/up.sh).
@@ -79,7 +112,13 @@ else
 		fi
 		log "apt-get update"
 		apt-get update
-		DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+		# What apt-get will add (named packages and their dependencies), said
+		# before it does: a simulation (-s) with the same options.
+		mapfile -t adds < <(apt-get install -s ${APT_OPTS[@]+"${APT_OPTS[@]}"} "${missing[@]}" | awk '$1 == "Inst" {print $2}')
+		log "apt-get install ${APT_OPTS[*]} will add ${#adds[@]} Debian packages into the system (/usr, /etc, /var; services not started):"
+		log "  ${adds[*]}"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y ${APT_OPTS[@]+"${APT_OPTS[@]}"} "${missing[@]}"
+		for p in "${adds[@]}"; do record "package $p"; done
 		if [[ -n $policy ]]; then rm -f "$policy"; trap - EXIT; fi
 		log "installed ${#missing[@]} packages"
 	fi
@@ -87,16 +126,20 @@ else
 	# The guest kernel's headers (the newest /boot/vmlinuz-* with
 	# /lib/modules, as launcher/assets picks it): test/fixture/nvstandin
 	# builds its stand-in NVIDIA kernel modules against them.
-	rel=$(for k in /boot/vmlinuz-*; do
+	rel=""
+	[[ $PROFILE == demo ]] || rel=$(for k in /boot/vmlinuz-*; do
 		r=${k#/boot/vmlinuz-}
 		if [[ -f $k && -d /lib/modules/$r ]]; then echo "$r"; fi
 	done | sort -V | tail -1)
-	if [[ -z $rel ]]; then
+	if [[ $PROFILE == demo ]]; then
+		: # the stand-in GPU driver of the tests needs them; the demo does not
+	elif [[ -z $rel ]]; then
 		log "warning: no /boot/vmlinuz-* with /lib/modules: no kernel headers installed"
 	elif ! dpkg-query -W -f='${Status}\n' "linux-headers-$rel" 2>/dev/null | grep -q '^install ok installed$'; then
 		log "installing linux-headers-$rel (the guest kernel's)"
 		((${#missing[@]} > 0)) || apt-get update
 		DEBIAN_FRONTEND=noninteractive apt-get install -y "linux-headers-$rel"
+		record "package linux-headers-$rel"
 	fi
 fi
 
@@ -197,6 +240,7 @@ if [[ -z $use_go ]]; then
 	trap - EXIT
 	use_go=$GO_DIR/bin/go
 	log "Go: installed go$want in $GO_DIR"
+	record "go $GO_DIR"
 fi
 
 # Make the chosen go the one on PATH.

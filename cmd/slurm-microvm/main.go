@@ -76,8 +76,13 @@ func newApp() *cli.App {
 			pocCommand(),
 			pocProbeCommand(),
 			versionCommand(),
+			manCommand(),
 		},
 		ExitErrHandler: func(c *cli.Context, err error) {},
+
+		// `slurm-microvm <TAB>` in bash (the package's completion script,
+		// etc/bash-completion/slurm-microvm, asks --generate-bash-completion).
+		EnableBashCompletion: true,
 	})
 }
 
