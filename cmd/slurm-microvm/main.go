@@ -73,6 +73,8 @@ func newApp() *cli.App {
 			gpusCommand(),
 			nicsCommand(),
 			mountsCommand(),
+			psCommand(),
+			inspectCommand(),
 			pocCommand(),
 			pocProbeCommand(),
 			versionCommand(),
