@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/inventory"
 	"github.com/slurm-microvm/slurm-microvm/launcher/metrics"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
@@ -132,10 +133,15 @@ func (l *Launcher) recordMetrics(d state.Dir, t *timings, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	step := metrics.Step{Started: true, Failed: failedStage(phases, err), Phases: phases}
-	if merr := metrics.Record(ctx, metrics.Options{
-		Textfile: c.Metrics.Textfile, RuntimeDir: c.RuntimeDir, CacheDir: c.CacheDir,
-		Except: d.ID, Stages: metricsStages,
-	}, step); merr != nil {
+	o := MetricsOptions(c)
+	o.Except = d.ID
+	if merr := metrics.Record(ctx, o, step); merr != nil {
 		t.log.Warn("node metrics not written", "err", merr)
 	}
+}
+
+// MetricsOptions are the node's metrics as c configures them, with every
+// failure stage (`slurm-microvm metrics` prints the same as the file).
+func MetricsOptions(c *config.Config) metrics.Options {
+	return metrics.Options{Textfile: c.Metrics.Textfile, RuntimeDir: c.RuntimeDir, CacheDir: c.CacheDir, Stages: metricsStages}
 }

@@ -75,6 +75,7 @@ func newApp() *cli.App {
 			mountsCommand(),
 			psCommand(),
 			inspectCommand(),
+			metricsCommand(),
 			pocCommand(),
 			pocProbeCommand(),
 			versionCommand(),

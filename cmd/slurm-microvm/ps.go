@@ -8,7 +8,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher"
 	"github.com/slurm-microvm/slurm-microvm/launcher/inventory"
+	"github.com/slurm-microvm/slurm-microvm/launcher/metrics"
 )
 
 // psCommand is `slurm-microvm ps [--json]`: every sandbox with state on
@@ -84,6 +86,26 @@ func inspectCommand() *cli.Command {
 			enc := json.NewEncoder(c.App.Writer)
 			enc.SetIndent("", "  ")
 			return enc.Encode(r)
+		},
+	}
+}
+
+// metricsCommand is `slurm-microvm metrics`: the node's metrics in the
+// Prometheus text format, the counters from [metrics] textfile's state
+// and the gauges as they are now (package launcher/metrics).
+func metricsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "metrics",
+		Usage: "print this node's metrics in the Prometheus text format (root): starts, failures by stage, phase durations, running sandboxes, cache size",
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c, true)
+			if err != nil {
+				return err
+			}
+			if err := metrics.Write(c.App.Writer, launcher.MetricsOptions(cfg)); err != nil {
+				return cli.Exit("metrics: "+err.Error(), 1)
+			}
+			return nil
 		},
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -8,8 +9,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/slurm-microvm/slurm-microvm/launcher"
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/inventory"
+	"github.com/slurm-microvm/slurm-microvm/launcher/metrics"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
@@ -82,5 +88,35 @@ func TestPsAndInspect(t *testing.T) {
 	}
 	if code, out := runApp(t, "--config", conf, "ps", "--json"); code != 0 || strings.TrimSpace(out) != "[]" {
 		t.Errorf("ps --json with none: %d %q", code, out)
+	}
+}
+
+// TestMetricsCommand: `metrics` prints the counters kept for the
+// textfile and the gauges, in a form Prometheus's text parser reads.
+func TestMetricsCommand(t *testing.T) {
+	dir := t.TempDir()
+	textfile := filepath.Join(dir, "tf", "slurm_microvm.prom")
+	conf := write(t, dir, "microvm.toml", fmt.Sprintf("runtime_dir = %q\ncache_dir = %q\n[metrics]\ntextfile = %q\n", filepath.Join(dir, "run"), filepath.Join(dir, "cache"), textfile))
+	cfg, err := config.Load(conf, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := metrics.Record(context.Background(), launcher.MetricsOptions(cfg), metrics.Step{Started: true, Failed: "boot"}); err != nil {
+		t.Fatal(err)
+	}
+	code, out := runApp(t, "--config", conf, "metrics")
+	if code != 0 {
+		t.Fatalf("metrics: %d %s", code, out)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(strings.NewReader(out))
+	if err != nil {
+		t.Fatalf("parse: %v\n%s", err, out)
+	}
+	if v := mfs["slurm_microvm_starts_total"].GetMetric()[0].GetCounter().GetValue(); v != 1 {
+		t.Errorf("starts_total %v, want 1", v)
+	}
+	if mfs["slurm_microvm_sandboxes_running"] == nil || len(mfs["slurm_microvm_failures_total"].GetMetric()) < 9 {
+		t.Errorf("metrics lack the gauge or the stages:\n%s", out)
 	}
 }
