@@ -390,6 +390,8 @@ func TestE2E(t *testing.T) {
 
 	e.Run(t, "MPI", func(t *testing.T) { mpiTests(t, e) })
 
+	e.Run(t, "see what runs", func(t *testing.T) { opsTests(t, e) })
+
 	e.Run(t, "run without Slurm", func(t *testing.T) {
 		cmd := exec.Command(e.Launcher, "--config", e.Config, "run", "--image", e.Image, "--", "sh", "-c", "cat /etc/os-release; exit 3")
 		out, _ := cmd.Output()
