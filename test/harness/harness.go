@@ -41,6 +41,7 @@ const (
 	// MetricsFile is [metrics] textfile: the node's Prometheus metrics,
 	// new with every cluster (under Root).
 	MetricsFile = Root + "/metrics/slurm_microvm.prom"
+
 	RuntimeDir = "/run/slurm-microvm-e2e"
 	// GPUDriverRoot is gpu.driver.root: where a GPU test installs the
 	// stand-in NVIDIA driver (test/fixture/nvstandin); absent until then,
