@@ -24,6 +24,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/driverset"
 	"github.com/slurm-microvm/slurm-microvm/launcher/gpu/gpunvml"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
+	"github.com/slurm-microvm/slurm-microvm/launcher/inventory"
 	"github.com/slurm-microvm/slurm-microvm/launcher/network"
 	"github.com/slurm-microvm/slurm-microvm/launcher/placement"
 	"github.com/slurm-microvm/slurm-microvm/launcher/runtime"
@@ -124,7 +125,7 @@ func fail(d state.Dir, err error) error {
 // step's cgroups, boots the sandbox, marks it ready, serves exec clients,
 // and returns when the sandbox stopped (Stop, SIGTERM via ctx, or the guest
 // ending by itself). Errors are also written to the step's error file.
-func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
+func (l *Launcher) Start(ctx context.Context, id state.StepID) (err error) {
 	d := state.Dir{Root: l.Config.RuntimeDir, ID: id}
 	s, err := ReadSpec(d.Path())
 	if err != nil {
@@ -140,6 +141,9 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 		}
 		return fail(d, fmt.Errorf("record supervisor: %w", err))
 	}
+	// Counted in the node's metrics from here on, whatever the end.
+	tm := newTimings(log)
+	defer func() { l.recordMetrics(d, tm, err) }()
 	moves, err := cgroup.EnterStep(os.Getpid(), id.Job, id.Step)
 	if err != nil {
 		return fail(d, fmt.Errorf("enter step cgroup: %w", err))
@@ -148,7 +152,7 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 		log.Info("moved into step cgroup", "controller", m.Controller, "procs", m.Procs)
 	}
 	tStart := time.Now()
-	sb, release, err := l.boot(ctx, s, d, log)
+	sb, release, err := l.boot(ctx, s, d, log, tm)
 	if err != nil {
 		return fail(d, err)
 	}
@@ -167,8 +171,9 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 		_ = sb.Stop(context.Background())
 		return fail(d, fmt.Errorf("mark sandbox ready: %w", err))
 	}
-	logPhase(log, PhaseReady, tReady)
-	logPhase(log, PhaseStart, tStart)
+	tm.done(PhaseReady, tReady)
+	tm.done(PhaseStart, tStart)
+	tm.ready(d)
 	serveErr := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -186,7 +191,7 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) error {
 		err := sb.Stop(context.Background())
 		cancel()
 		<-serveErr
-		logPhase(log, PhaseStop, t0)
+		tm.done(PhaseStop, t0)
 		return err
 	case err := <-hung:
 		log.Error("guest agent hung; killing the VMM", "err", err, "vmm_pid", sb.Pid())
@@ -232,6 +237,9 @@ const (
 	PhaseReady   = "ready"   // the control socket and the ready mark
 	PhaseStart   = "start"   // all of the above, end to end
 	PhaseStop    = "stop"    // the supervisor's stop: guest shutdown, VMM gone
+	// PhaseFirstExec is the time from the ready mark to the first exec
+	// client (a task) on the control socket, logged once per step.
+	PhaseFirstExec = "first_exec"
 )
 
 // logPhase logs that phase, begun at t0, is done. Nothing but the name and
@@ -559,7 +567,7 @@ func releaseGPUs(ctx context.Context, d state.Dir) error {
 }
 
 // boot resolves the image and the guest assets and starts the sandbox.
-func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Logger) (driver.Sandbox, func(), error) {
+func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Logger, tm *timings) (driver.Sandbox, func(), error) {
 	c := l.Config
 	cpus := GuestCPUs(s, os.Getpid())
 	memMiB, err := GuestMemoryMiB(s, cpus, c.Resources)
@@ -595,7 +603,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 			return nil, nil, err
 		}
 	}
-	logPhase(log, PhaseGPUs, t0)
+	tm.done(PhaseGPUs, t0)
 	// Held while the sandbox runs (the cache prunes no set in use); the
 	// directory itself the VMM holds once started.
 	started := false
@@ -612,7 +620,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err != nil {
 		return nil, nil, err
 	}
-	logPhase(log, PhaseShares, t0)
+	tm.done(PhaseShares, t0)
 	// QEMU holds its own descriptors once started.
 	defer shares.Close()
 	if err := fault.At(s.ID.Job, fault.Shares); err != nil {
@@ -639,7 +647,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		return nil, nil, err
 	}
 	log.Info("image ready", "image", s.Image, "digest", img.Digest, "disk", img.Disk, "ms", time.Since(t0).Milliseconds())
-	logPhase(log, PhaseImage, t0)
+	tm.done(PhaseImage, t0)
 	if err := fault.At(s.ID.Job, fault.Disk); err != nil {
 		return nil, nil, fmt.Errorf("image %s: disk %s: %w", s.Image, img.Disk, err)
 	}
@@ -651,7 +659,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err != nil {
 		return nil, nil, err
 	}
-	logPhase(log, PhaseMPI, t0)
+	tm.done(PhaseMPI, t0)
 	sharesForVM := shares.driverShares()
 	if mpiShare != nil {
 		defer mpiShare.Dir.Close()
@@ -665,7 +673,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err := drv.Prepare(ctx, log); err != nil {
 		return nil, nil, err
 	}
-	logPhase(log, PhaseAssets, t0)
+	tm.done(PhaseAssets, t0)
 	if err := l.phase(ctx, d, "set up the step network"); err != nil {
 		return nil, nil, err
 	}
@@ -674,7 +682,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 	if err != nil {
 		return nil, nil, err
 	}
-	logPhase(log, PhaseNetwork, t0)
+	tm.done(PhaseNetwork, t0)
 	// The VMM holds its own descriptors once started; the host objects
 	// stay until stop (or gc) removes them by their recorded names.
 	defer closeNet()
@@ -682,6 +690,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		return nil, nil, err
 	}
 	log.Info("booting", "driver", drv.Name(), "vcpus", cpus, "memory_mib", memMiB)
+	tm.resolved(d, inventory.Resolved{ImageDigest: img.Digest, Driver: drv.Name(), VCPUs: cpus, MemoryMiB: memMiB})
 	if err := fault.At(s.ID.Job, fault.VMM); err != nil {
 		return nil, nil, fmt.Errorf("start the VMM: %w", err)
 	}
@@ -695,6 +704,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		Hostname: s.Hostname, Debug: s.Debug, Logger: log,
 		Devices: devices, PCIHole64: hole64,
 		Shares: sharesForVM, GPUDriver: gpuDriver, Network: netw,
+		OnFirstExec: func() { tm.firstExec(d) },
 	})
 	if err != nil {
 		return nil, nil, err
@@ -704,7 +714,7 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		_ = sb.Stop(context.WithoutCancel(ctx))
 		return nil, nil, fmt.Errorf("boot sandbox %s: wait for the guest agent: %w", s.ID, err)
 	}
-	logPhase(log, PhaseBoot, t0)
+	tm.done(PhaseBoot, t0)
 	started = true
 	return sb, done, nil
 }

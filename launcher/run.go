@@ -33,7 +33,7 @@ func (l *Launcher) Run(ctx context.Context, s *Spec, argv, env []string, stdio S
 		}()
 	}
 	log := l.log().With("step", s.ID.String())
-	sb, release, err := l.boot(ctx, s, d, log)
+	sb, release, err := l.boot(ctx, s, d, log, newTimings(log))
 	if err != nil {
 		return driver.ExitStatus{}, err
 	}

@@ -1,9 +1,11 @@
 package launcher
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -13,6 +15,8 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
+	"github.com/slurm-microvm/slurm-microvm/launcher/inventory"
+	"github.com/slurm-microvm/slurm-microvm/launcher/metrics"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
 )
 
@@ -140,7 +144,8 @@ func TestGuestOOMReported(t *testing.T) {
 // (msg=phase phase=<name> ms=<int>), in order, and nothing of the task's
 // environment.
 func TestPhasesLogged(t *testing.T) {
-	r := startRealStep(t, 768, nil)
+	textfile := filepath.Join(t.TempDir(), "slurm_microvm.prom")
+	r := startRealStep(t, 768, func(c *config.Config) { c.Metrics.Textfile = textfile })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const secret = "s3cr3t-phase-value"
@@ -148,11 +153,40 @@ func TestPhasesLogged(t *testing.T) {
 	if err != nil || st.Code != 0 {
 		t.Fatalf("true: %+v, %v", st, err)
 	}
+	// ps's record of the running sandbox: what the supervisor resolved,
+	// the first exec timed.
+	rec, err := inventory.Read(r.d, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Phase != inventory.PhaseRunning || rec.VCPUs != 1 || rec.MemoryMiB == 0 || !strings.HasPrefix(rec.ImageDigest, "sha256:") || rec.VMMPid == 0 {
+		t.Errorf("inventory of the running sandbox: %+v", rec.Sandbox)
+	}
+	if _, ok := rec.PhasesMS[PhaseFirstExec]; !ok {
+		t.Errorf("sandbox.json phases %v lack %s", rec.PhasesMS, PhaseFirstExec)
+	}
 	r.stop()
 	select {
 	case <-r.ended:
 	case <-ctx.Done():
 		t.Fatal("the supervisor did not stop")
+	}
+	// The node's metrics count the step, every phase in its histogram.
+	var out bytes.Buffer
+	if err := metrics.Write(&out, metrics.Options{Textfile: textfile, RuntimeDir: r.l.Config.RuntimeDir}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "slurm_microvm_starts_total 1\n") {
+		t.Errorf("metrics.Write: %s", out.String())
+	}
+	b, err := os.ReadFile(textfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"slurm_microvm_starts_total 1\n", `slurm_microvm_phase_duration_seconds_count{phase="first_exec"} 1`, `slurm_microvm_phase_duration_seconds_count{phase="stop"} 1`, `slurm_microvm_failures_total{stage="boot"} 0`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("metrics textfile lacks %q:\n%s", want, b)
+		}
 	}
 	log := r.log.String()
 	line := regexp.MustCompile(`(?m)^time=\S+ level=INFO msg=phase step=\S+ phase=(\w+) ms=(\d+)$`)
@@ -161,7 +195,7 @@ func TestPhasesLogged(t *testing.T) {
 		got = append(got, m[1])
 		t.Logf("%s: %s ms", m[1], m[2])
 	}
-	want := []string{PhaseGPUs, PhaseShares, PhaseImage, PhaseMPI, PhaseAssets, PhaseNetwork, PhaseBoot, PhaseReady, PhaseStart, PhaseStop}
+	want := []string{PhaseGPUs, PhaseShares, PhaseImage, PhaseMPI, PhaseAssets, PhaseNetwork, PhaseBoot, PhaseReady, PhaseStart, PhaseFirstExec, PhaseStop}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("phase lines %q, want %q; log:\n%s", got, want, log)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -566,28 +567,87 @@ func configCommand() *cli.Command {
 		Subcommands: []*cli.Command{{
 			Name:  "check",
 			Usage: "validate microvm.toml and what it names on this node: unknown keys and bad values are errors naming the key and line",
-			Flags: kataCheckFlags,
+			Flags: append(append([]cli.Flag{}, kataCheckFlags...), &cli.BoolFlag{Name: "json", Usage: "print the result as JSON (configCheckReport; the exit status is the same)"}),
 			Action: func(c *cli.Context) error {
 				path := c.String("config")
-				if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-					fmt.Printf("%s: no such file: the defaults apply (etc/microvm.toml lists them)\n", path)
+				_, statErr := os.Stat(path)
+				missing := errors.Is(statErr, os.ErrNotExist)
+				if missing && !c.Bool("json") {
+					fmt.Fprintf(c.App.Writer, "%s: no such file: the defaults apply (etc/microvm.toml lists them)\n", path)
 				}
 				cfg, err := config.Load(path, true)
+				if err == nil {
+					err = cfg.CheckHost(path)
+					if cfg.Driver == "kata" {
+						err = errors.Join(err, checkKata(c, cfg))
+					}
+				}
+				if c.Bool("json") {
+					return printConfigCheck(c, path, !missing, cfg, err)
+				}
 				if err != nil {
 					return cli.Exit(err.Error(), 1)
 				}
-				hostErr := cfg.CheckHost(path)
-				if cfg.Driver == "kata" {
-					hostErr = errors.Join(hostErr, checkKata(c, cfg))
-				}
-				if hostErr != nil {
-					return cli.Exit(hostErr.Error(), 1)
-				}
-				fmt.Printf("%s: ok (driver %s, runtime %s, cache %s)\n", c.String("config"), cfg.Driver, cfg.RuntimeDir, cfg.CacheDir)
+				fmt.Fprintf(c.App.Writer, "%s: ok (driver %s, runtime %s, cache %s)\n", c.String("config"), cfg.Driver, cfg.RuntimeDir, cfg.CacheDir)
 				return nil
 			},
 		}},
 	}
+}
+
+// configCheckReport is `config check --json`: OK with no problems, else
+// each problem with the key and line it was found at (0: none).
+type configCheckReport struct {
+	Path       string               `json:"path"`
+	Exists     bool                 `json:"exists"`
+	OK         bool                 `json:"ok"`
+	Driver     string               `json:"driver,omitempty"`
+	RuntimeDir string               `json:"runtime_dir,omitempty"`
+	CacheDir   string               `json:"cache_dir,omitempty"`
+	Problems   []configCheckProblem `json:"problems"`
+}
+
+type configCheckProblem struct {
+	Key     string `json:"key,omitempty"`
+	Line    int    `json:"line,omitempty"`
+	Message string `json:"message"`
+}
+
+// printConfigCheck writes the report of a check that ended with err and
+// exits 1 when err is not nil.
+func printConfigCheck(c *cli.Context, path string, exists bool, cfg *config.Config, err error) error {
+	r := configCheckReport{Path: path, Exists: exists, OK: err == nil, Problems: []configCheckProblem{}}
+	if cfg != nil {
+		r.Driver, r.RuntimeDir, r.CacheDir = cfg.Driver, cfg.RuntimeDir, cfg.CacheDir
+	}
+	var walk func(error)
+	walk = func(e error) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+			return
+		}
+		if e == nil {
+			return
+		}
+		var ce *config.Error
+		if errors.As(e, &ce) {
+			r.Problems = append(r.Problems, configCheckProblem{Key: ce.Key, Line: ce.Line, Message: ce.Msg})
+			return
+		}
+		r.Problems = append(r.Problems, configCheckProblem{Message: e.Error()})
+	}
+	walk(err)
+	enc := json.NewEncoder(c.App.Writer)
+	enc.SetIndent("", "  ")
+	if eerr := enc.Encode(r); eerr != nil {
+		return eerr
+	}
+	if err != nil {
+		return cli.Exit("", 1)
+	}
+	return nil
 }
 
 // selfPath is this binary, the VMM's trampoline ("" when it cannot be

@@ -68,7 +68,8 @@ func imageCommand() *cli.Command {
 				Name:      "check",
 				Usage:     "validate IMAGE quickly, as the calling user, without converting it",
 				ArgsUsage: "IMAGE",
-				Flags:     []cli.Flag{&cli.BoolFlag{Name: "insecure", Usage: "allow plain http to a registry on a loopback address"}, &cli.BoolFlag{Name: "debug"}},
+				Flags: []cli.Flag{&cli.BoolFlag{Name: "insecure", Usage: "allow plain http to a registry on a loopback address"}, &cli.BoolFlag{Name: "debug"},
+					&cli.BoolFlag{Name: "json", Usage: `print {"image", "ok", "error"} as JSON (the exit status is the same)`}},
 				Action: func(c *cli.Context) error {
 					ref, err := imageOneArg(c, "IMAGE")
 					if err != nil {
@@ -78,8 +79,26 @@ func imageCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					if err := image.Check(c.Context, ref, o); err != nil {
-						return cli.Exit(err.Error(), 1)
+					checkErr := image.Check(c.Context, ref, o)
+					if c.Bool("json") {
+						r := struct {
+							Image string `json:"image"`
+							OK    bool   `json:"ok"`
+							Error string `json:"error,omitempty"`
+						}{Image: ref, OK: checkErr == nil}
+						if checkErr != nil {
+							r.Error = checkErr.Error()
+						}
+						if err := json.NewEncoder(c.App.Writer).Encode(r); err != nil {
+							return err
+						}
+						if checkErr != nil {
+							return cli.Exit("", 1)
+						}
+						return nil
+					}
+					if checkErr != nil {
+						return cli.Exit(checkErr.Error(), 1)
 					}
 					return nil
 				},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/user"
@@ -32,6 +33,7 @@ func mountsCommand() *cli.Command {
 			&cli.StringFlag{Name: "gid", Usage: "primary gid (default: from passwd)"},
 			&cli.StringFlag{Name: "groups", Usage: "supplementary gids, comma separated (default: from the group database)"},
 			&cli.BoolFlag{Name: "plan", Usage: "only plan: check syntax and policy, open nothing"},
+			&cli.BoolFlag{Name: "json", Usage: "print the table as JSON (mountRow fields)"},
 		},
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c, true)
@@ -47,12 +49,23 @@ func mountsCommand() *cli.Command {
 			if !c.IsSet("mounts") {
 				spec, origin = os.Getenv(fs.EnvVar), fs.EnvVar
 			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 			defer w.Flush()
+			var scratch *mountRow
+			if p.ScratchBase != "" {
+				scratch = &mountRow{Destination: p.ScratchDestination, State: "scratch", Origin: "scratch", Source: p.ScratchBase + "/<job>.<step>.<restart>"}
+			}
 			if c.Bool("plan") {
 				entries, err := p.Plan(u, spec, origin, "")
 				if err != nil {
 					return cli.Exit(err.Error(), 2)
+				}
+				if c.Bool("json") {
+					rows := []mountRow{}
+					for _, e := range entries {
+						rows = append(rows, mountRow{Destination: e.Destination, ReadOnly: e.ReadOnly, Optional: e.Optional, Origin: string(e.Origin), Source: e.Source, State: "planned"})
+					}
+					return printMountsJSON(c, rows, scratch)
 				}
 				fmt.Fprintln(w, "#\tDESTINATION\tMODE\tORIGIN\tSOURCE")
 				for i, e := range entries {
@@ -65,6 +78,17 @@ func mountsCommand() *cli.Command {
 				return cli.Exit(err.Error(), 1)
 			}
 			defer t.Close()
+			if c.Bool("json") {
+				rows := []mountRow{}
+				for _, s := range t.Shares {
+					rows = append(rows, mountRow{Destination: s.Destination, ReadOnly: s.ReadOnly, Origin: string(s.Origin), Source: s.Source, State: "resolved",
+						Resolved: s.Resolved, FSType: s.FS.Type, NetworkFS: s.FS.Network})
+				}
+				for _, e := range t.Skipped {
+					rows = append(rows, mountRow{Destination: e.Destination, ReadOnly: e.ReadOnly, Optional: true, Origin: string(e.Origin), Source: e.Source, State: "skipped"})
+				}
+				return printMountsJSON(c, rows, scratch)
+			}
 			fmt.Fprintln(w, "#\tDESTINATION\tMODE\tORIGIN\tSOURCE\tRESOLVED\tFSTYPE")
 			for i, s := range t.Shares {
 				fst := s.FS.Type
@@ -82,6 +106,30 @@ func mountsCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// mountRow is one line of `mounts --json`. State is planned (--plan),
+// resolved (opened as the user), skipped (optional, missing) or scratch.
+type mountRow struct {
+	Destination string `json:"destination"`
+	Source      string `json:"source"`
+	Origin      string `json:"origin"`
+	ReadOnly    bool   `json:"read_only"`
+	Optional    bool   `json:"optional"`
+	State       string `json:"state"`
+	Resolved    string `json:"resolved,omitempty"`
+	FSType      string `json:"fstype,omitempty"`
+	NetworkFS   bool   `json:"network_fs,omitempty"`
+}
+
+// printMountsJSON writes {"mounts": rows, "scratch": scratch or null}.
+func printMountsJSON(c *cli.Context, rows []mountRow, scratch *mountRow) error {
+	enc := json.NewEncoder(c.App.Writer)
+	enc.SetIndent("", "  ")
+	return enc.Encode(struct {
+		Mounts  []mountRow `json:"mounts"`
+		Scratch *mountRow  `json:"scratch"`
+	}{rows, scratch})
 }
 
 func mode(ro, optional bool) string {

@@ -54,6 +54,8 @@ type Config struct {
 	Images Images    `toml:"images"`
 	// Network is the guests' network (launcher/network).
 	Network Network `toml:"network"`
+	// Metrics is the node's Prometheus textfile (launcher/metrics).
+	Metrics Metrics `toml:"metrics"`
 }
 
 // Log keeps each step's supervisor log for the admin after the step (the
@@ -496,6 +498,7 @@ func (c *Config) validate(path string, data []byte) []error {
 	if p, h := c.Timeouts.AgentPing.Duration, c.Timeouts.AgentHang.Duration; p > 0 && h > 0 && p >= h {
 		bad("timeouts.agent_ping", "%s is not below timeouts.agent_hang (%s): a hung guest is detected only after a ping went unanswered; make agent_ping shorter than agent_hang (e.g. a third of it)", p, h)
 	}
+	errs = append(errs, c.Metrics.validate(path, data)...)
 	return errs
 }
 

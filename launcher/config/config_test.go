@@ -86,6 +86,14 @@ func TestParse(t *testing.T) {
 			wantErr: []string{"microvm.toml:2: timeouts.agent_ping: 20s is not below timeouts.agent_hang (15s)", "make agent_ping shorter"}},
 		{name: "agent_ping equal to agent_hang", in: "[timeouts]\nagent_ping = \"3s\"\nagent_hang = \"3s\"\n",
 			wantErr: []string{"timeouts.agent_ping: 3s is not below timeouts.agent_hang (3s)"}},
+		{name: "metrics textfile relative", in: "[metrics]\ntextfile = \"m.prom\"\n", wantErr: []string{"microvm.toml:2: metrics.textfile: \"m.prom\" must be an absolute path"}},
+		{name: "metrics textfile not .prom", in: "[metrics]\ntextfile = \"/var/lib/x/m.txt\"\n", wantErr: []string{"microvm.toml:2: metrics.textfile", "ends in \".prom\""}},
+		{name: "metrics textfile", in: "[metrics]\ntextfile = \"/var/lib/x/m.prom\"\n", check: func(c *Config) error {
+			if c.Metrics.Textfile != "/var/lib/x/m.prom" {
+				return errors.New("metrics.textfile not read")
+			}
+			return nil
+		}},
 		{name: "agent_hang zero", in: "[timeouts]\nagent_hang = \"0s\"\n", wantErr: []string{"microvm.toml:2: timeouts.agent_hang: 0s must be positive"}},
 		{name: "agent_ping negative", in: "[timeouts]\nagent_ping = \"-1s\"\n", wantErr: []string{"microvm.toml:2: timeouts.agent_ping: -1s must be positive"}},
 		{name: "kata with host shares and virtiofsd as root", in: "runtime = \"kata\"\n",

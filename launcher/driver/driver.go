@@ -108,6 +108,9 @@ type SandboxConfig struct {
 	Network *Network
 	Debug   bool
 	Logger  *slog.Logger
+	// OnFirstExec, when set, is called once, when the control socket
+	// accepts its first exec client (the supervisor times first_exec).
+	OnFirstExec func()
 }
 
 // RootFS is the step's root filesystem: the image converted to a

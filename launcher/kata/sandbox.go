@@ -98,7 +98,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		}
 	}
 	s := &sandbox{d: d, cfg: cfg, log: log, done: make(chan struct{}),
-		ep: control.Endpoint{StateDir: cfg.StateDir, UID: cfg.UID, GID: cfg.GID}}
+		ep: control.Endpoint{StateDir: cfg.StateDir, UID: cfg.UID, GID: cfg.GID, OnFirstClient: cfg.OnFirstExec}}
 	fail := func(err error) (driver.Sandbox, error) {
 		s.closeDone()
 		if cerr := d.Cleanup(context.WithoutCancel(ctx), cfg.StateDir); cerr != nil {

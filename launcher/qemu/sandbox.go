@@ -353,7 +353,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		vmmUID = id.cred.Uid
 	}
 	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts, gpuDriver: gpuDriver, network: netSetup, vmmUID: vmmUID,
-		ep: control.Endpoint{StateDir: cfg.StateDir, UID: cfg.UID, GID: cfg.GID}}
+		ep: control.Endpoint{StateDir: cfg.StateDir, UID: cfg.UID, GID: cfg.GID, OnFirstClient: cfg.OnFirstExec}}
 	go func() {
 		err := cmd.Wait()
 		restore()

@@ -11,6 +11,8 @@
 //	supervisor    pid of the detached supervisor (`slurm-microvm start`)
 //	stop          written by stop (under lock) before it signals the supervisor
 //	vmm.pid       pid of the VMM (QEMU) once started
+//	sandbox.json  what the supervisor resolved (image digest, vCPUs, memory,
+//	              phase times: launcher/inventory), root 0644
 //	ready         created when the guest agent answered and the sandbox is usable
 //	error         the reason the sandbox could not start (one line, user-facing)
 //	control.sock  agent connection for exec clients: owned by the job's uid, 0600
@@ -84,6 +86,10 @@ const (
 	// still handling them.
 	StopFile = "stop"
 )
+
+// SandboxFile is the supervisor's record of what it resolved for the step
+// (launcher/inventory.Resolved), in the step directory.
+const SandboxFile = "sandbox.json"
 
 // StepID identifies one step of one job on one node. Restart is the job's
 // restart count (S_SLURM_RESTART_COUNT), so a requeued job never meets the

@@ -392,6 +392,8 @@ func TestE2E(t *testing.T) {
 
 	e.Run(t, "environment fallbacks", func(t *testing.T) { envFallbackTests(t, e) })
 
+	e.Run(t, "see what runs", func(t *testing.T) { opsTests(t, e) })
+
 	e.Run(t, "run without Slurm", func(t *testing.T) {
 		cmd := exec.Command(e.Launcher, "--config", e.Config, "run", "--image", e.Image, "--", "sh", "-c", "cat /etc/os-release; exit 3")
 		out, _ := cmd.Output()

@@ -89,9 +89,10 @@ func TestE2EGuestFaults(t *testing.T) {
 			got = append(got, m[1])
 			t.Logf("%s: %s ms", m[1], m[2])
 		}
-		// The stop comes after the task, whose stderr this is: its line
-		// is in the admin's kept log only.
-		want := "gpus shares image mpi assets network boot ready start"
+		// The first exec is the task's own, before its end; the stop
+		// comes after the task, whose stderr this is: its line is in
+		// the admin's kept log only.
+		want := "gpus shares image mpi assets network boot ready start first_exec"
 		if strings.Join(got, " ") != want {
 			t.Errorf("phase lines %q, want %q; stderr:\n%s", got, want, se.String())
 		}

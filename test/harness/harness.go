@@ -38,6 +38,10 @@ const (
 	// test cluster starts with none (job ids restart per cluster) and a
 	// failed test shows its own steps' warnings (StepLogProblems).
 	LogDir = Root + "/log"
+	// MetricsFile is [metrics] textfile: the node's Prometheus metrics,
+	// new with every cluster (under Root).
+	MetricsFile = Root + "/metrics/slurm_microvm.prom"
+
 	RuntimeDir = "/run/slurm-microvm-e2e"
 	// GPUDriverRoot is gpu.driver.root: where a GPU test installs the
 	// stand-in NVIDIA driver (test/fixture/nvstandin); absent until then,
@@ -154,9 +158,11 @@ writable = [%q]
 scratch_base = %q
 [log]
 dir = %q
+[metrics]
+textfile = %q
 `, RuntimeDir, CacheDir, filepath.Join(bin, "slurm-microvm-agent"), filepath.Join(cluster.DefaultDir, "etc", "gres.conf"),
 		GPUDriverRoot, GPUDriverParams,
-		DataDir, filepath.Join(DataDir, "rw"), ScratchDir, LogDir)
+		DataDir, filepath.Join(DataDir, "rw"), ScratchDir, LogDir, MetricsFile)
 	e := &Env{Launcher: filepath.Join(bin, "slurm-microvm"), Config: cfg, Agent: filepath.Join(bin, "slurm-microvm-agent"), ImageName: "Microvm E2E Busybox", baseConfig: conf}
 	if err := e.WriteConfig("", ""); err != nil {
 		t.Fatal(err)

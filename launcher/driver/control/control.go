@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -138,7 +139,25 @@ type Endpoint struct {
 	// StateDir is the step's state directory; UID and GID the job's.
 	StateDir string
 	UID, GID uint32
-	l        net.Listener
+	// OnFirstClient, when set, is called once, after the first Accept
+	// of a client (driver.SandboxConfig.OnFirstExec).
+	OnFirstClient func()
+	l             net.Listener
+}
+
+// firstListener calls first once, after its first accepted connection.
+type firstListener struct {
+	net.Listener
+	once  sync.Once
+	first func()
+}
+
+func (l *firstListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.once.Do(l.first)
+	}
+	return c, err
 }
 
 // Listen creates the socket (Listen); the socket a client finds is
@@ -173,7 +192,11 @@ func (e *Endpoint) Serve(ctx context.Context, done <-chan struct{}, serve func(n
 		}
 		e.l.Close()
 	}()
-	err := serve(e.l)
+	var l net.Listener = e.l
+	if e.OnFirstClient != nil {
+		l = &firstListener{Listener: e.l, first: e.OnFirstClient}
+	}
+	err := serve(l)
 	select {
 	case <-ctx.Done():
 		return nil
