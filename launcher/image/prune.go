@@ -246,9 +246,15 @@ func Prune(ctx context.Context, cacheRoot string, o PruneOptions) (*PruneResult,
 				continue
 			}
 			n := entryBytes(e)
-			removed, err := pruneEntry(e, o.DryRun)
+			removed, gone, err := pruneEntry(e, o.DryRun)
 			if err != nil {
 				errs = append(errs, err)
+				continue
+			}
+			if gone {
+				done[i] = true
+				u.user[e.UID] -= n
+				u.total -= n
 				continue
 			}
 			if !removed {
@@ -270,36 +276,38 @@ func Prune(ctx context.Context, cacheRoot string, o PruneOptions) (*PruneResult,
 }
 
 // pruneEntry removes e unless it is in use; removed is false for an image
-// in use. With dryRun it only checks.
-func pruneEntry(e Entry, dryRun bool) (removed bool, err error) {
+// in use; gone is true for one removed meanwhile (by `image rm`). With dryRun it
+// only checks.
+func pruneEntry(e Entry, dryRun bool) (removed, gone bool, err error) {
 	dir := filepath.Dir(e.Disk)
 	h := strings.TrimPrefix(e.Digest, "sha256:")
 	lk, held, err := tryLockDigest(dir, h)
 	if err != nil {
-		return false, fmt.Errorf("prune image %s of uid %d: %w", e.Digest, e.UID, err)
+		return false, false, fmt.Errorf("prune image %s of uid %d: %w", e.Digest, e.UID, err)
 	}
 	if held {
-		return false, nil // a conversion or removal of it
+		return false, false, nil // a conversion or removal of it
 	}
 	f, err := os.OpenFile(e.Disk, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, errors.Join(unlockDigest(lk, dir, h)) // removed meanwhile
+		// Removed meanwhile (by `image rm`): nothing to do, nothing held.
+		return false, true, unlockDigest(lk, dir, h)
 	}
 	if err != nil {
 		lk.unlock()
-		return false, fmt.Errorf("prune image %s of uid %d: %w", e.Digest, e.UID, err)
+		return false, false, fmt.Errorf("prune image %s of uid %d: %w", e.Digest, e.UID, err)
 	}
 	defer f.Close()
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		lk.unlock()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return false, nil // a running step holds it
+			return false, false, nil // a running step holds it
 		}
-		return false, fmt.Errorf("prune image %s of uid %d: lock the disk: %w", e.Digest, e.UID, err)
+		return false, false, fmt.Errorf("prune image %s of uid %d: lock the disk: %w", e.Digest, e.UID, err)
 	}
 	if dryRun {
 		lk.unlock()
-		return true, nil
+		return true, false, nil
 	}
 	err = errors.Join(
 		ignoreNotExist(os.Remove(e.Disk)),
@@ -308,9 +316,9 @@ func pruneEntry(e Entry, dryRun bool) (removed bool, err error) {
 	)
 	removeIfEmpty(dir)
 	if err != nil {
-		return false, fmt.Errorf("prune image %s of uid %d: %w", e.Digest, e.UID, err)
+		return false, false, fmt.Errorf("prune image %s of uid %d: %w", e.Digest, e.UID, err)
 	}
-	return true, nil
+	return true, false, nil
 }
 
 // removeIfEmpty removes a user's cache directory that holds nothing more.
