@@ -397,7 +397,7 @@ func printPrune(w io.Writer, r *pruneReport) {
 // promptly; the daily timer (etc/systemd/slurm-microvm-prune.timer)
 // prunes without bound.
 const (
-	gcPruneMax     = 32
+	gcPruneMax     = 1024
 	gcPruneTimeout = 20 * time.Second
 )
 

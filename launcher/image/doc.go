@@ -210,7 +210,7 @@
 //     be larger); the conversion is then bounded by what is left of both
 //     limits (ErrLimit naming the key when in-use images fill it). The
 //     epilog (`gc`) prunes the node's caches when past a limit, at most
-//     32 images within 20 s so it ends promptly; the systemd timer
+//     1024 images within 20 s so it ends promptly; the systemd timer
 //     etc/systemd/slurm-microvm-prune.timer prunes daily without bound.
 //     Alternatives: only a timer (the cache overflows between runs),
 //     only at conversion (a lowered limit waits for the next new image).
