@@ -5,13 +5,14 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 )
 
-// imageLimits turns microvm.toml's [images] table (MiB, entries) into the
+// ImageLimits turns microvm.toml's [images] table (MiB, entries) into the
 // image package's limits (bytes, entries).
-func imageLimits(i config.Images) image.Limits {
+func ImageLimits(i config.Images) image.Limits {
 	return image.Limits{
 		ImageBytes:     int64(i.MaxImageMiB) << 20,
 		LayerBytes:     int64(i.MaxLayerMiB) << 20,
 		Entries:        i.MaxEntries,
 		UserCacheBytes: int64(i.UserCacheMiB) << 20,
+		CacheBytes:     int64(i.CacheMiB) << 20,
 	}
 }

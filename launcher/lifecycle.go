@@ -636,16 +636,20 @@ func (l *Launcher) boot(ctx context.Context, s *Spec, d state.Dir, log *slog.Log
 		return nil, nil, fmt.Errorf("image %s: %w", s.Image, err)
 	}
 	t0 = time.Now()
-	img, err := image.Prepare(ctx, s.Image, image.Options{
+	// The disk is held (a shared flock) while the sandbox runs, so a prune
+	// never removes it; holding it records the use (launcher/image Use).
+	img, releaseImage, err := image.Hold(ctx, s.Image, image.Options{
 		UID: s.UID, GID: s.GID, Groups: s.Groups,
 		CacheRoot: filepath.Join(c.CacheDir, "images"),
 		Logger:    log,
-		Limits:    imageLimits(c.Images),
+		Limits:    ImageLimits(c.Images),
 		Helper:    l.imageHelper, HelperEnv: l.imageHelperEnv,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
+	releaseGPUDriver := done
+	done = func() { releaseImage(); releaseGPUDriver() }
 	log.Info("image ready", "image", s.Image, "digest", img.Digest, "disk", img.Disk, "ms", time.Since(t0).Milliseconds())
 	tm.done(PhaseImage, t0)
 	if err := fault.At(s.ID.Job, fault.Disk); err != nil {

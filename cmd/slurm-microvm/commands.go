@@ -391,7 +391,13 @@ func gcCommand() *cli.Command {
 					return cli.Exit("--node: "+err.Error(), 2)
 				}
 			}
-			return teardown(c, func(l *launcher.Launcher) error { return l.GC(c.Context, uint32(c.Uint("job")), node) })
+			return teardown(c, func(l *launcher.Launcher) error {
+				err := l.GC(c.Context, uint32(c.Uint("job")), node)
+				// The job's steps released their images: prune past the
+				// limits, bounded (image.go gcPrune).
+				gcPrune(c.Context, l.Config, l.Log)
+				return err
+			})
 		},
 	}
 }

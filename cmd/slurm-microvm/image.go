@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -15,6 +17,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/slurm-microvm/slurm-microvm/launcher"
+	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
+	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image/auth"
 )
@@ -185,6 +190,51 @@ func imageCommand() *cli.Command {
 				},
 			},
 			{
+				Name: "prune",
+				Usage: "remove the least recently used cached images that no running step uses, until each user is within " +
+					"images.user_cache_mib and all within images.cache_mib; --all also prunes the guest assets (images.assets_cache_mib)",
+				Flags: []cli.Flag{cacheFlag, uidFlag,
+					&cli.BoolFlag{Name: "all", Usage: "prune every user's images and the guest assets (root only)"},
+					&cli.BoolFlag{Name: "dry-run", Usage: "print what would be removed, remove nothing"},
+					&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+				Action: func(c *cli.Context) error {
+					all := c.Bool("all")
+					if all && c.IsSet("uid") {
+						return cli.Exit("image prune: --all and --uid exclude each other: drop one", 2)
+					}
+					if all && os.Geteuid() != 0 {
+						return cli.Exit("image prune --all: other users' caches are theirs; run it as root, or drop --all to prune your own", 2)
+					}
+					uid := uint32(os.Getuid())
+					if c.IsSet("uid") {
+						uid = uint32(c.Uint64("uid"))
+					}
+					root, _, err := imageCacheRoot(c)
+					if err != nil {
+						return err
+					}
+					cfg, err := loadConfig(c, true)
+					if err != nil {
+						return err
+					}
+					res, err := pruneCaches(c.Context, cfg, root, pruneScope{uid: uid, all: all, dryRun: c.Bool("dry-run")}, nil)
+					if res != nil {
+						if c.Bool("json") {
+							enc := json.NewEncoder(c.App.Writer)
+							if perr := enc.Encode(res); perr != nil {
+								return perr
+							}
+						} else {
+							printPrune(c.App.Writer, res)
+						}
+					}
+					if err != nil {
+						return cli.Exit("image prune: "+err.Error(), 1)
+					}
+					return nil
+				},
+			},
+			{
 				// The launcher re-executes itself as the job's user with
 				// this subcommand to read user-named paths; see
 				// image.RunHelper. Not for people.
@@ -306,4 +356,99 @@ func nodeCacheAdvice(node string, uid uint32, what string) string {
 	return fmt.Sprintf("the images your jobs converted are in the node image cache %s/%d, which only root can read or change: "+
 		"a node administrator lists them with `sudo slurm-microvm image ls --uid %d` and removes one with `sudo slurm-microvm image rm --uid %d %s`",
 		node, uid, uid, uid, what)
+}
+
+// pruneScope says whose images a prune may remove: uid's, or everyone's
+// (all, which also prunes the guest assets); max bounds the images
+// removed (0: no bound).
+type pruneScope struct {
+	uid    uint32
+	all    bool
+	dryRun bool
+	max    int
+}
+
+// pruneReport is what `image prune` prints: the image cache's result and,
+// for --all, the asset cache's.
+type pruneReport struct {
+	DryRun bool                `json:"dry_run"`
+	Images *image.PruneResult  `json:"images"`
+	Assets *assets.PruneResult `json:"assets,omitempty"`
+}
+
+// pruneCaches prunes the image cache at root (and, for scope.all, the
+// node's asset cache) to cfg's [images] limits. It reports what was done
+// even when some removal failed.
+func pruneCaches(ctx context.Context, cfg *config.Config, root string, scope pruneScope, log *slog.Logger) (*pruneReport, error) {
+	rep := &pruneReport{DryRun: scope.dryRun}
+	var errs []error
+	res, err := image.Prune(ctx, root, image.PruneOptions{UID: scope.uid, All: scope.all, Limits: launcher.ImageLimits(cfg.Images),
+		MaxRemove: scope.max, DryRun: scope.dryRun, Logger: log})
+	rep.Images = res
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if scope.all {
+		a, err := assets.Prune(ctx, filepath.Join(cfg.CacheDir, "assets"), assets.PruneOptions{
+			MaxBytes: int64(cfg.Images.AssetsCacheMiB) << 20, DryRun: scope.dryRun, Logger: log})
+		rep.Assets = a
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+func printPrune(w io.Writer, r *pruneReport) {
+	verb := "removed"
+	if r.DryRun {
+		verb = "would remove"
+	}
+	if im := r.Images; im != nil {
+		for _, e := range im.Removed {
+			fmt.Fprintf(w, "%s image %s uid %d %s (last used %s) %s\n", verb, e.Digest, e.UID, imageHumanBytes(e.Size), e.LastUsed.Local().Format(time.DateTime), e.Ref)
+		}
+		for _, e := range im.InUse {
+			fmt.Fprintf(w, "kept image %s uid %d: in use by a running step or a conversion\n", e.Digest, e.UID)
+		}
+		fmt.Fprintf(w, "images: %s freed, %s cached (limit %s)\n", imageHumanBytes(im.FreedBytes), imageHumanBytes(im.UsedBytes), imageHumanBytes(im.LimitBytes))
+	}
+	if a := r.Assets; a != nil {
+		for _, n := range a.Removed {
+			fmt.Fprintf(w, "%s guest assets %s\n", verb, n)
+		}
+		fmt.Fprintf(w, "assets: %s freed, %s cached (limit %s)\n", imageHumanBytes(a.FreedBytes), imageHumanBytes(a.UsedBytes), imageHumanBytes(a.LimitBytes))
+	}
+}
+
+// Epilog prune bounds: `gc` prunes only when a cache is past a limit, at
+// most this many images, within this time, so that the epilog ends
+// promptly; the daily timer (etc/systemd/slurm-microvm-prune.timer)
+// prunes without bound.
+const (
+	gcPruneMax     = 1024
+	gcPruneTimeout = 20 * time.Second
+)
+
+// gcPrune is the epilog's bounded prune of the node's caches.
+func gcPrune(ctx context.Context, cfg *config.Config, log *slog.Logger) {
+	root := filepath.Join(cfg.CacheDir, "images")
+	over, err := image.OverLimit(root, launcher.ImageLimits(cfg.Images))
+	if err != nil {
+		log.Warn("measure the image cache", "err", err)
+		return
+	}
+	if !over {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, gcPruneTimeout)
+	defer cancel()
+	rep, err := pruneCaches(ctx, cfg, root, pruneScope{all: true, max: gcPruneMax}, log)
+	if err != nil {
+		log.Warn("prune the image cache", "err", err)
+	}
+	if rep != nil && rep.Images != nil {
+		log.Info("pruned the image cache", "images", len(rep.Images.Removed), "freed_bytes", rep.Images.FreedBytes,
+			"in_use", len(rep.Images.InUse), "cached_bytes", rep.Images.UsedBytes, "limit_bytes", rep.Images.LimitBytes)
+	}
 }

@@ -56,6 +56,9 @@ type Options struct {
 	Required []string
 	// CacheDir holds built pairs; "" means DefaultCacheDir.
 	CacheDir string
+	// CacheBytes bounds CacheDir (images.assets_cache_mib): after a build,
+	// Ensure prunes the least recently used entries (Prune). 0: no bound.
+	CacheBytes int64
 	// ModulesRoot is where /lib/modules/<release> lives; "" means DefaultModulesRoot.
 	ModulesRoot string
 	// Compression of the initramfs; "" means DefaultInitrdCompression.
@@ -104,7 +107,9 @@ type manifest struct {
 // shared. Concurrent callers (in one process or many) build once: the
 // builder holds an exclusive flock on <CacheDir>/.lock, builds in a
 // temporary directory and renames it into place; the others wait for the
-// lock (or ctx) and then find the entry. Old entries are not removed.
+// lock (or ctx) and then find the entry. Every call records the entry's
+// use (its manifest's mtime); with o.CacheBytes set, a build prunes the
+// least recently used entries past it (Prune).
 func Ensure(ctx context.Context, o Options) (*Assets, error) {
 	o, err := o.withDefaults()
 	if err != nil {
@@ -135,6 +140,9 @@ func Ensure(ctx context.Context, o Options) (*Assets, error) {
 	}
 	log := o.Logger.With("key", key[:12], "kernel", bz.Version)
 	dir := filepath.Join(o.CacheDir, key)
+	// The use is recorded first, so a concurrent Prune sees it before it
+	// removes the entry (Prune's least recently used clock).
+	touch(o.CacheDir, key, log)
 	if a, err := readEntry(o.CacheDir, key); err == nil {
 		log.Debug("guest assets cached", "dir", dir)
 		return a, nil
@@ -171,6 +179,14 @@ func Ensure(ctx context.Context, o Options) (*Assets, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("guest assets for kernel %s: %w", bz.Version, err)
+	}
+	if o.CacheBytes > 0 {
+		// The entry just built is the most recently used: Prune keeps it.
+		if r, err := prune(o.CacheDir, PruneOptions{MaxBytes: o.CacheBytes, InUseGrace: DefaultInUseGrace, Logger: log, Now: time.Now}, &PruneResult{LimitBytes: o.CacheBytes}); err != nil {
+			log.Warn("prune guest assets", "err", err)
+		} else if len(r.Removed) > 0 {
+			log.Info("pruned guest assets", "entries", r.Removed, "freed_bytes", r.FreedBytes)
+		}
 	}
 	return readEntry(o.CacheDir, key)
 }

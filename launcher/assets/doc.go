@@ -23,8 +23,23 @@
 // so a reader never sees half an entry; a builder that dies leaves a .tmp-*
 // directory the next builder removes (it holds the lock, so no one else is
 // building). Files are 0644 and directories 0755 whatever the umask: QEMU
-// runs as the job's user. Old entries are not pruned (left undone; an entry
-// is about 5-13 MB, a kernel 63 MB).
+// runs as the job's user. An entry is about 5-13 MB, a kernel 63 MB.
+//
+// Pruning (Prune; Options.CacheBytes, images.assets_cache_mib): past the
+// limit, the least recently used entries go first, then every extracted
+// kernel that no remaining entry names. The use clock is the mtime of an
+// entry's manifest.json, which every Ensure sets (before it reads the
+// entry, so a concurrent Prune sees the use; Prune checks the mtime again
+// just before it removes). In use: the VMM reads the kernel and initramfs
+// only while it starts (QEMU keeps them in memory, also for a reboot), so
+// an entry used within DefaultInUseGrace (15 min, longer than the default
+// boot timeout) is never removed, nor the most recently used one. Prune
+// works under the build lock. It runs after every build (Ensure with
+// CacheBytes), from the epilog's bounded prune and from `slurm-microvm
+// image prune --all` (the daily timer). Alternative: a shared flock held
+// by the launcher for the step's life, as the image cache does; the
+// entry is not needed once the guest booted, and the driver package
+// would have to carry the lock to the sandbox's end for no gain.
 //
 // # Design decisions (alternative, then the reason)
 //

@@ -84,6 +84,12 @@ type Images struct {
 	MaxEntries int64 `toml:"max_entries"`
 	// UserCacheMiB: one user's converted images together.
 	UserCacheMiB MiB `toml:"user_cache_mib"`
+	// CacheMiB: every user's converted images together; the least
+	// recently used that no running step holds are pruned past it.
+	CacheMiB MiB `toml:"cache_mib"`
+	// AssetsCacheMiB: the guest boot pairs (<cache_dir>/assets); the least
+	// recently used are pruned past it.
+	AssetsCacheMiB MiB `toml:"assets_cache_mib"`
 }
 
 // MPI configures the injection of the host's MPI stack (package mpi).
@@ -298,7 +304,7 @@ func Defaults() Config {
 		Mounts:  fs.DefaultPolicy(),
 		MPI:     MPI{Default: "auto", Version: "full"},
 		Log:     Log{Dir: "/var/log/slurm-microvm", Keep: 1000, MaxAge: Duration{30 * 24 * time.Hour}},
-		Images:  Images{MaxImageMiB: 65536, MaxLayerMiB: 32768, MaxEntries: 2000000, UserCacheMiB: 131072},
+		Images:  Images{MaxImageMiB: 65536, MaxLayerMiB: 32768, MaxEntries: 2000000, UserCacheMiB: 131072, CacheMiB: 262144, AssetsCacheMiB: 4096},
 		Network: defaultNetwork(),
 		Timeouts: Timeouts{
 			Boot:      Duration{90 * time.Second},
@@ -483,7 +489,8 @@ func (c *Config) validate(path string, data []byte) []error {
 		bad("resources.overlay_mib", "must be at least 1 MiB")
 	}
 	for key, n := range map[string]int64{"images.max_image_mib": int64(c.Images.MaxImageMiB), "images.max_layer_mib": int64(c.Images.MaxLayerMiB),
-		"images.max_entries": c.Images.MaxEntries, "images.user_cache_mib": int64(c.Images.UserCacheMiB)} {
+		"images.max_entries": c.Images.MaxEntries, "images.user_cache_mib": int64(c.Images.UserCacheMiB),
+		"images.cache_mib": int64(c.Images.CacheMiB), "images.assets_cache_mib": int64(c.Images.AssetsCacheMiB)} {
 		if n < 1 {
 			bad(key, "%d must be at least 1", n)
 		}

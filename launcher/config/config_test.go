@@ -42,6 +42,8 @@ func TestParse(t *testing.T) {
 		{name: "relative runtime dir", in: "runtime_dir = \"run\"\n", wantErr: []string{"microvm.toml:1: runtime_dir: \"run\" must be an absolute path"}},
 		{name: "every problem reported", in: "[qemu]\naccel = \"x\"\nbinary = \"\"\n", wantErr: []string{"qemu.accel", "qemu.binary"}},
 		{name: "image limit zero", in: "[images]\nmax_entries = 0\n", wantErr: []string{"microvm.toml:2: images.max_entries: 0 must be at least 1"}},
+		{name: "cache limit zero", in: "[images]\ncache_mib = 0\n", wantErr: []string{"microvm.toml:2: images.cache_mib: 0 must be at least 1"}},
+		{name: "assets cache limit zero", in: "[images]\nassets_cache_mib = 0\n", wantErr: []string{"microvm.toml:2: images.assets_cache_mib: 0 must be at least 1"}},
 		{name: "runas off with the default shares", in: "[qemu]\nrunas = false\n",
 			wantErr: []string{"microvm.toml:2: qemu.runas: false runs QEMU as root", "mounts.scratch_base", "mounts.allowed", "mpi.default = auto", "set runas = true"}},
 		{name: "runas off with one site mount", in: "[qemu]\nrunas = false\n[mounts]\nallowed = []\nscratch_base = \"\"\nsite = [\"/opt/site:/opt/site:ro\"]\n[mpi]\ndefault = \"off\"\n",

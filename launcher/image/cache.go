@@ -64,7 +64,10 @@ type Entry struct {
 	Disk    string
 	Size    int64 // bytes of Disk
 	Created time.Time
-	Config  Config
+	// LastUsed is the disk's mtime: its conversion, or the latest step
+	// start that used it (Use); Prune removes the oldest first.
+	LastUsed time.Time
+	Config   Config
 }
 
 func digestHex(d string) (string, error) {
@@ -431,7 +434,7 @@ func List(cacheRoot string, uid uint32, all bool) ([]Entry, error) {
 			if err != nil {
 				continue
 			}
-			out = append(out, Entry{UID: u, Digest: m.Digest, Ref: m.Ref, Kind: m.Kind, Disk: disk, Size: fi.Size(), Created: m.Created, Config: m.Config})
+			out = append(out, Entry{UID: u, Digest: m.Digest, Ref: m.Ref, Kind: m.Kind, Disk: disk, Size: fi.Size(), Created: m.Created, LastUsed: fi.ModTime(), Config: m.Config})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -445,9 +448,11 @@ func List(cacheRoot string, uid uint32, all bool) ([]Entry, error) {
 
 // Remove deletes the cached image(s) of uid selected by what: a digest
 // ("sha256:<hex>" or a hex prefix of at least 12 digits) or the reference it
-// was prepared from. It takes each digest's lock, so it never removes an
+// was prepared from, with its lock file, and the user's directory when it
+// is left empty. It takes each digest's lock, so it never removes an
 // image being converted; a VM that already opened the disk keeps its open
-// file. It returns the removed entries; none matching is ErrNotFound.
+// file (unlike Prune, it removes an image in use: an administrator asked
+// for it). It returns the removed entries; none matching is ErrNotFound.
 func Remove(ctx context.Context, cacheRoot string, uid uint32, what string) ([]Entry, error) {
 	entries, err := List(cacheRoot, uid, false)
 	if err != nil {
@@ -470,6 +475,7 @@ func Remove(ctx context.Context, cacheRoot string, uid uint32, what string) ([]E
 			ignoreNotExist(os.Remove(filepath.Join(dir, h+metaSuffix))),
 		)
 		err = errors.Join(err, unlockDigest(lk, dir, h))
+		removeIfEmpty(dir)
 		if err != nil {
 			return removed, fmt.Errorf("remove image %s: %w", e.Digest, err)
 		}

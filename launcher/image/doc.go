@@ -180,6 +180,45 @@
 // unbounded; one lock file per user directory would serialize all of a
 // user's conversions.
 //
+// Pruning (Prune, `slurm-microvm image prune`): the cache has two limits,
+// images.user_cache_mib per user and images.cache_mib for all users
+// together (disks and their metadata; work directories of conversions in
+// progress are bounded per conversion instead). Past a limit, the least
+// recently used images go first, among those no running step uses.
+//   - The use clock is the disk's mtime: a conversion sets it (commit) and
+//     Use sets it to now at every step start. Alternatives: the atime
+//     (relatime and noatime mounts make it unreliable), a stamp file per
+//     image (one more file to keep consistent and to remove), a log of
+//     uses (state to keep and to trim).
+//   - In use means a shared flock(2) on the disk: the launcher takes it
+//     with Use (Hold = Prepare + Use) before the VMM opens the disk and
+//     keeps it until the step's supervisor exits; Prune takes the
+//     digest's lock without waiting (a conversion or `image rm` holds
+//     it) and then an exclusive non-blocking flock on the disk, and
+//     skips the image when either is held. Use checks after its flock
+//     that the path still names the locked inode, so a disk pruned
+//     between Prepare and Use is ErrPruned and Hold prepares it again.
+//     The alternative, reading each step's state directory for the disk
+//     it booted, depends on records that a crashed launcher may leave
+//     stale (keeping an image forever) or not yet have written (a step
+//     starting); a lock dies with its holder. A launcher killed while
+//     its VMM runs drops the lock: the VMM keeps its open file, so its
+//     guest is unharmed, and the space is freed when it exits.
+//   - Where it runs: Prepare, before converting, prunes for the room the
+//     probe says the image needs (the user's images past user_cache_mib,
+//     anyone's past cache_mib) and again after the commit (the disk may
+//     be larger); the conversion is then bounded by what is left of both
+//     limits (ErrLimit naming the key when in-use images fill it). The
+//     epilog (`gc`) prunes the node's caches when past a limit, at most
+//     1024 images within 20 s so it ends promptly; the systemd timer
+//     etc/systemd/slurm-microvm-prune.timer prunes daily without bound.
+//     Alternatives: only a timer (the cache overflows between runs),
+//     only at conversion (a lowered limit waits for the next new image).
+//   - `image rm` removes an image even in use (an administrator asked;
+//     the running VMM keeps its open file). Removing a user's last image
+//     removes the directory; a Prepare that found the directory just
+//     before creates it again (lockDigest then meets ENOENT).
+//
 // Users and the node's cache: CacheRoot/<uid> stays root's 0700, so a
 // user cannot list, read or remove their own images there. A non-root
 // `image ls`/`image rm` act on the user's personal cache

@@ -667,6 +667,10 @@ func TestListRemove(t *testing.T) {
 	if locks := lockFiles(t, o.CacheRoot, o.UID); len(locks) != 0 {
 		t.Errorf("after Remove: lock files %q left", locks)
 	}
+	// The user's directory went with its last image.
+	if left, err := os.ReadDir(o.CacheRoot); err != nil || len(left) != 0 {
+		t.Errorf("after removing every image: %s holds %v (%v); want it empty", o.CacheRoot, left, err)
+	}
 	again, err := Prepare(ctx, fx.docker, o)
 	if err != nil || again.Cached {
 		t.Errorf("Prepare after Remove = %+v, %v; want a fresh conversion", again, err)

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"strings"
 )
 
 // Limits bound what one conversion makes root write into the image cache
@@ -33,8 +30,14 @@ type Limits struct {
 	// UserCacheBytes bounds one user's cache: the converted disks of that
 	// uid together. A conversion may use what is left, for each of its
 	// stages (the copy of the image file, the unpacked tree, the disk)
-	// (images.user_cache_mib).
+	// (images.user_cache_mib). Prepare first prunes the user's least
+	// recently used images that no step holds to make room (Prune).
 	UserCacheBytes int64
+	// CacheBytes bounds every user's converted disks together
+	// (images.cache_mib): Prepare prunes the least recently used idle
+	// images of any user to stay within it, and a conversion may use only
+	// what is left.
+	CacheBytes int64
 }
 
 // The config keys of the limits (microvm.toml, table [images]).
@@ -43,13 +46,14 @@ const (
 	KeyMaxLayer  = "images.max_layer_mib"
 	KeyMaxEntry  = "images.max_entries"
 	KeyUserCache = "images.user_cache_mib"
+	KeyCache     = "images.cache_mib"
 )
 
 // DefaultLimits are the limits when microvm.toml sets none: room for the
 // largest common images (CUDA/PyTorch images unpack to 15-25 GiB in a few
 // hundred thousand files), far from the capacity of a node's local disk.
 func DefaultLimits() Limits {
-	return Limits{ImageBytes: 64 << 30, LayerBytes: 32 << 30, Entries: 2_000_000, UserCacheBytes: 128 << 30}
+	return Limits{ImageBytes: 64 << 30, LayerBytes: 32 << 30, Entries: 2_000_000, UserCacheBytes: 128 << 30, CacheBytes: 256 << 30}
 }
 
 func (l Limits) withDefaults() Limits {
@@ -65,6 +69,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.UserCacheBytes <= 0 {
 		l.UserCacheBytes = d.UserCacheBytes
+	}
+	if l.CacheBytes <= 0 {
+		l.CacheBytes = d.CacheBytes
 	}
 	return l
 }
@@ -98,7 +105,8 @@ func (b *bound) add(k int64) error {
 // user's cache usage when it starts.
 type budget struct {
 	lim   Limits
-	space int64 // bytes left in the user's cache (UserCacheBytes - used)
+	space int64 // bytes left: the less of UserCacheBytes - the user's and CacheBytes - everyone's
+	total bool  // space is what CacheBytes leaves (the whole cache is the tighter bound)
 	uid   uint32
 }
 
@@ -126,31 +134,31 @@ func (b budget) layerBound(n, of int) *bound {
 }
 
 func (b budget) quotaErr() error {
+	if b.total {
+		used := b.lim.CacheBytes - b.space
+		return newErr("", ErrLimit, fmt.Sprintf("the image does not fit in the node's image cache (%s for all users, of which %s are taken by images that running steps hold or that are being converted)", mib(b.lim.CacheBytes), mib(used)),
+			fmt.Sprintf("try again once steps have ended, or ask a node administrator to raise %s in microvm.toml", KeyCache), nil)
+	}
 	used := b.lim.UserCacheBytes - b.space
 	return newErr("", ErrLimit, fmt.Sprintf("the image does not fit in the image cache of uid %d (%s, of which %s are used)", b.uid, mib(b.lim.UserCacheBytes), mib(used)),
 		fmt.Sprintf("the node's image cache is root's alone: ask a node administrator to remove images you no longer need "+
 			"(`sudo slurm-microvm image ls --uid %d` lists them, `sudo slurm-microvm image rm --uid %d DIGEST` removes one) or to raise %s in microvm.toml", b.uid, b.uid, KeyUserCache), nil)
 }
 
-// newBudget measures the user's cache directory: the disks and metadata
-// of converted images (work directories of conversions in progress are
-// not counted; each conversion is bounded on its own).
-func newBudget(dir string, uid uint32, lim Limits) (budget, error) {
-	var used int64
-	des, err := os.ReadDir(dir)
+// newBudget measures the cache: the disks and metadata of converted
+// images, the user's (uid's) and everyone's (work directories of
+// conversions in progress are not counted; each conversion is bounded on
+// its own).
+func newBudget(root string, uid uint32, lim Limits) (budget, error) {
+	es, err := List(root, 0, true)
 	if err != nil {
-		return budget{}, fmt.Errorf("measure image cache %s: %w", dir, err)
+		return budget{}, fmt.Errorf("measure image cache %s: %w", root, err)
 	}
-	for _, de := range des {
-		n := de.Name()
-		if !de.Type().IsRegular() || !(strings.HasSuffix(n, diskSuffix) || strings.HasSuffix(n, metaSuffix)) {
-			continue
-		}
-		if fi, err := os.Lstat(filepath.Join(dir, n)); err == nil {
-			used += fi.Size()
-		}
+	u := measure(es)
+	b := budget{lim: lim, space: lim.UserCacheBytes - u.user[uid], uid: uid}
+	if t := lim.CacheBytes - u.total; t < b.space {
+		b.space, b.total = t, true
 	}
-	b := budget{lim: lim, space: lim.UserCacheBytes - used, uid: uid}
 	if b.space <= 0 {
 		return b, b.quotaErr()
 	}

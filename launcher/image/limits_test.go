@@ -353,7 +353,7 @@ func TestCleanAbandoned(t *testing.T) {
 // are this package's DefaultLimits.
 func TestDefaultLimitsMatchConfig(t *testing.T) {
 	c := config.Defaults().Images
-	got := Limits{ImageBytes: int64(c.MaxImageMiB) << 20, LayerBytes: int64(c.MaxLayerMiB) << 20, Entries: c.MaxEntries, UserCacheBytes: int64(c.UserCacheMiB) << 20}
+	got := Limits{ImageBytes: int64(c.MaxImageMiB) << 20, LayerBytes: int64(c.MaxLayerMiB) << 20, Entries: c.MaxEntries, UserCacheBytes: int64(c.UserCacheMiB) << 20, CacheBytes: int64(c.CacheMiB) << 20}
 	if got != DefaultLimits() {
 		t.Errorf("config defaults %+v, image defaults %+v", got, DefaultLimits())
 	}

@@ -167,15 +167,15 @@ type source func(ctx context.Context, work, rootfs string, b budget) (Config, er
 
 // prepareCached is the cache protocol shared by every kind: look up, lock,
 // look up again, convert into a work directory, build the disk, commit.
-func prepareCached(ctx context.Context, ref string, kind Kind, digest string, o Options, convert source) (*Image, error) {
+//
+// need is what the image is expected to take in the cache (bytes; 0 when
+// unknown): before converting, Prune makes that much room if it can.
+func prepareCached(ctx context.Context, ref string, kind Kind, digest string, need int64, o Options, convert source) (*Image, error) {
 	h, err := digestHex(digest)
 	if err != nil {
 		return nil, newErr(ref, errHelper, "bad digest", "", err)
 	}
-	dir, err := userDir(o.CacheRoot, o.UID, true)
-	if err != nil {
-		return nil, err
-	}
+	var dir string
 	hit := func() (*Image, bool) {
 		m, disk, ok := lookup(dir, h)
 		if !ok {
@@ -188,12 +188,25 @@ func prepareCached(ctx context.Context, ref string, kind Kind, digest string, o 
 		o.Logger.Debug("image cache hit", "ref", ref, "digest", digest, "disk", disk)
 		return &Image{Ref: ref, Kind: kind, Digest: digest, Disk: disk, Size: fi.Size(), Config: m.Config, Cached: true}, true
 	}
-	if img, ok := hit(); ok {
-		return img, nil
-	}
-	lk, err := lockDigest(ctx, dir, h)
-	if err != nil {
-		return nil, err
+	var lk *digestLock
+	// A prune or `image rm` removes the user's directory once empty: one
+	// removed between userDir and the lock file's creation is made again.
+	for try := 0; ; try++ {
+		if dir, err = userDir(o.CacheRoot, o.UID, true); err != nil {
+			return nil, err
+		}
+		if try == 0 {
+			if img, ok := hit(); ok {
+				return img, nil
+			}
+		}
+		lk, err = lockDigest(ctx, dir, h)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) || try > 2 {
+			return nil, err
+		}
 	}
 	// Runs after the work directory is removed: a conversion that made no
 	// disk takes its lock file with it.
@@ -205,7 +218,15 @@ func prepareCached(ctx context.Context, ref string, kind Kind, digest string, o 
 	if img, ok := hit(); ok {
 		return img, nil
 	}
-	b, err := newBudget(dir, o.UID, o.Limits)
+	// Make room: the least recently used images no step holds go first,
+	// the user's past user_cache_mib and anyone's past cache_mib, for
+	// about what this image will take (the size the probe saw).
+	if pr, err := Prune(ctx, o.CacheRoot, PruneOptions{UID: o.UID, All: true, Limits: o.Limits, Logger: o.Logger, keep: h, need: need}); err != nil {
+		o.Logger.Warn("prune the image cache before a conversion", "err", err)
+	} else if len(pr.Removed) > 0 {
+		o.Logger.Info("pruned the image cache", "images", len(pr.Removed), "freed_bytes", pr.FreedBytes)
+	}
+	b, err := newBudget(o.CacheRoot, o.UID, o.Limits)
 	if err != nil {
 		return nil, err
 	}
@@ -244,6 +265,10 @@ func prepareCached(ctx context.Context, ref string, kind Kind, digest string, o 
 	if err != nil {
 		return nil, err
 	}
+	// The disk may have come out larger than the probe's guess.
+	if _, err := Prune(ctx, o.CacheRoot, PruneOptions{UID: o.UID, All: true, Limits: o.Limits, Logger: o.Logger, keep: h}); err != nil {
+		o.Logger.Warn("prune the image cache after a conversion", "err", err)
+	}
 	o.Logger.Info("converted image", "ref", ref, "digest", digest, "disk", final, "bytes", fi.Size(),
 		"unpack_s", unpacked.Seconds(), "total_s", time.Since(start).Seconds())
 	return &Image{Ref: ref, Kind: kind, Digest: digest, Disk: final, Size: fi.Size(), Config: cfg}, nil
@@ -278,7 +303,7 @@ func prepareLocal(ctx context.Context, ref string, o Options) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return prepareCached(ctx, ref, pr.Kind, pr.Digest, o, func(ctx context.Context, work, rootfs string, b budget) (Config, error) {
+	return prepareCached(ctx, ref, pr.Kind, pr.Digest, pr.Size, o, func(ctx context.Context, work, rootfs string, b budget) (Config, error) {
 		// The helper runs as the user, who can make it send anything: what
 		// it sends is bounded by what the probe saw and by the limits.
 		if err := b.checkProbe(pr); err != nil {

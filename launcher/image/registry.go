@@ -59,7 +59,7 @@ func prepareRegistry(ctx context.Context, ref string, o Options) (*Image, error)
 	if err != nil {
 		return nil, registryErr(r, err, res)
 	}
-	return prepareCached(ctx, ref, KindRegistry, dg.String(), o, func(ctx context.Context, work, rootfs string, b budget) (Config, error) {
+	return prepareCached(ctx, ref, KindRegistry, dg.String(), 0, o, func(ctx context.Context, work, rootfs string, b budget) (Config, error) {
 		cfg, err := unpackImage(ctx, img, rootfs, b, o)
 		if err != nil {
 			var e *Error

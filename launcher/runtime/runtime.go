@@ -55,7 +55,8 @@ func byName(cfg *config.Config, name string, o Options) (driver.Driver, error) {
 			Trampoline:  o.Trampoline,
 			Assets: &assets.Options{
 				KernelImage: cfg.QEMU.Kernel, Agent: cfg.QEMU.Agent,
-				CacheDir: filepath.Join(cfg.CacheDir, "assets"),
+				CacheDir:   filepath.Join(cfg.CacheDir, "assets"),
+				CacheBytes: int64(cfg.Images.AssetsCacheMiB) << 20,
 			},
 		}), nil
 	case "kata":

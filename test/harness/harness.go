@@ -146,6 +146,12 @@ overlay_mib = 256
 [timeouts]
 boot = "120s"
 stop_grace = "3s"
+[images]
+# The test cache stays bounded across runs (the largest test image is
+# about 250 MiB): least recently used images and assets are pruned.
+user_cache_mib = 3072
+cache_mib = 4096
+assets_cache_mib = 512
 [gpu]
 gres_conf = %q
 [gpu.driver]
