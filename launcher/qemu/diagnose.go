@@ -107,7 +107,7 @@ func describeThreads(before, after []threadTime) string {
 	}
 	parts := make([]string, 0, len(after))
 	for _, t := range after {
-		parts = append(parts, fmt.Sprintf("%s %s %dms +%dms", t.Name, t.State, t.CPU.Milliseconds(), (t.CPU - prev[t.TID]).Milliseconds()))
+		parts = append(parts, fmt.Sprintf("%s %s %dms +%dms", t.Name, t.State, t.CPU.Milliseconds(), (t.CPU-prev[t.TID]).Milliseconds()))
 	}
 	return strings.Join(parts, ", ")
 }
