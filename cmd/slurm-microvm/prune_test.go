@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // cacheEntry writes a cache entry of uid as the launcher commits one: a
@@ -41,9 +43,7 @@ func cacheEntry(t *testing.T, root string, uid int, n int, size int64, used time
 // (--json: parseable), --dry-run removes nothing, --all with --uid is a
 // usage error; the epilog's `gc` prunes a cache past its limit by itself.
 func TestImagePrune(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the image cache is root's")
-	}
+	prereq.Root(t, "the image cache is root's")
 	dir := t.TempDir()
 	cfg := write(t, dir, "microvm.toml", "runtime_dir = \""+dir+"/run\"\ncache_dir = \""+dir+"/cache\"\n[mounts]\nscratch_base = \"\"\n[images]\nuser_cache_mib = 2\ncache_mib = 3\n")
 	root := filepath.Join(dir, "cache", "images")

@@ -14,6 +14,8 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher"
 	"github.com/slurm-microvm/slurm-microvm/launcher/inventory"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
+
+	"github.com/slurm-microvm/slurm-microvm/test/prereq"
 )
 
 // newStep writes a step directory as prepare does: root-owned 0700 and the
@@ -182,9 +184,7 @@ func TestListOrderAndJSON(t *testing.T) {
 }
 
 func TestListPermission(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to drop to another uid")
-	}
+	prereq.Root(t, "to drop to another uid")
 	// Under /run (0755, written by root only): another uid can reach the
 	// runtime root, as on a node, and run a copy of this test binary.
 	base, err := os.MkdirTemp("/run", "inventory-test-")
@@ -221,7 +221,7 @@ func TestListPermission(t *testing.T) {
 func TestHelperList(t *testing.T) {
 	root := os.Getenv("INVENTORY_HELPER_ROOT")
 	if root == "" {
-		t.Skip("helper")
+		prereq.OptIn(t, "helper process for TestListPermission")
 	}
 	_, err := inventory.List(root, time.Now())
 	if !errors.Is(err, inventory.ErrPermission) {
