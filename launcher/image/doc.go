@@ -209,6 +209,12 @@
 //     anyone's past cache_mib) and again after the commit (the disk may
 //     be larger); the conversion is then bounded by what is left of both
 //     limits (ErrLimit naming the key when in-use images fill it). The
+//     probe's guess is the image's file; its unpacked tree can be many
+//     times that (compressed layers, squashfs), so a conversion that runs
+//     out of room prunes every image no step holds and runs once more:
+//     converting twice costs only where the cache is full, where the
+//     alternative, guessing the tree from the file, would either evict
+//     too much on every conversion or still fail. The
 //     epilog (`gc`) prunes the node's caches when past a limit, at most
 //     1024 images within 20 s so it ends promptly; the systemd timer
 //     etc/systemd/slurm-microvm-prune.timer prunes daily without bound.

@@ -46,6 +46,16 @@ type Error struct {
 	Detail string // what went wrong, lower case, no trailing period
 	Hint   string // the rule or the fix; may be empty
 	Err    error  // underlying cause; may be nil
+
+	// cacheFull marks a conversion that ran out of cache space
+	// (budget.quotaErr): prepareCached prunes further and tries again.
+	cacheFull bool
+}
+
+// isCacheFull says whether err is a conversion's lack of cache space.
+func isCacheFull(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.cacheFull
 }
 
 func (e *Error) Error() string {

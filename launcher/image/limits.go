@@ -134,6 +134,12 @@ func (b budget) layerBound(n, of int) *bound {
 }
 
 func (b budget) quotaErr() error {
+	e := b.quotaError()
+	e.cacheFull = true
+	return e
+}
+
+func (b budget) quotaError() *Error {
 	if b.total {
 		used := b.lim.CacheBytes - b.space
 		return newErr("", ErrLimit, fmt.Sprintf("the image does not fit in the node's image cache (%s for all users, of which %s are taken by images that running steps hold or that are being converted)", mib(b.lim.CacheBytes), mib(used)),

@@ -226,36 +226,30 @@ func prepareCached(ctx context.Context, ref string, kind Kind, digest string, ne
 	} else if len(pr.Removed) > 0 {
 		o.Logger.Info("pruned the image cache", "images", len(pr.Removed), "freed_bytes", pr.FreedBytes)
 	}
-	b, err := newBudget(o.CacheRoot, o.UID, o.Limits)
-	if err != nil {
-		return nil, err
-	}
 	start := time.Now()
-	work, err := newWorkDir(dir, h)
+	work, cfg, unpacked, err := o.convertInto(ctx, dir, h, ref, kind, digest, convert)
+	if isCacheFull(err) {
+		// The image needed more room than the probe's guess (its
+		// unpacked tree, which the guess cannot see): every image no
+		// step holds goes, least recently used first, and the
+		// conversion runs once more. A second failure is the cache
+		// being full of images in use, as its error says.
+		o.Logger.Info("the image cache had no room for the conversion: pruning every image no step holds and converting again", "ref", ref, "err", err)
+		if work != "" {
+			_ = os.RemoveAll(work)
+		}
+		if _, perr := Prune(ctx, o.CacheRoot, PruneOptions{UID: o.UID, All: true, Limits: o.Limits, Logger: o.Logger, keep: h, need: max(o.Limits.UserCacheBytes, o.Limits.CacheBytes)}); perr != nil {
+			o.Logger.Warn("prune the image cache for a conversion", "err", perr)
+		}
+		work, cfg, unpacked, err = o.convertInto(ctx, dir, h, ref, kind, digest, convert)
+	}
+	if work != "" {
+		defer os.RemoveAll(work)
+	}
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(work)
-	rootfs := filepath.Join(work, "rootfs")
-	if err := os.Mkdir(rootfs, 0o755); err != nil {
-		return nil, err
-	}
-	o.Logger.Info("converting image", "ref", ref, "kind", kind, "digest", digest)
-	cfg, err := convert(ctx, work, rootfs, b)
-	if err != nil {
-		return nil, err
-	}
-	unpacked := time.Since(start)
 	disk := filepath.Join(work, "disk.erofs")
-	if err := o.mkfs(ctx, work, rootfs, disk); err != nil {
-		return nil, err
-	}
-	if fi, err := os.Stat(disk); err == nil && fi.Size() > b.space {
-		return nil, b.quotaErr()
-	}
-	if err := os.RemoveAll(rootfs); err != nil {
-		return nil, fmt.Errorf("remove unpacked image: %w", err)
-	}
 	m := &cacheMeta{Version: metaVersion, Ref: ref, Kind: kind, Digest: digest, Config: cfg, Created: time.Now().UTC(), ConvertSeconds: time.Since(start).Seconds()}
 	final, err := commit(dir, h, work, disk, m)
 	if err != nil {
@@ -272,6 +266,42 @@ func prepareCached(ctx context.Context, ref string, kind Kind, digest string, ne
 	o.Logger.Info("converted image", "ref", ref, "digest", digest, "disk", final, "bytes", fi.Size(),
 		"unpack_s", unpacked.Seconds(), "total_s", time.Since(start).Seconds())
 	return &Image{Ref: ref, Kind: kind, Digest: digest, Disk: final, Size: fi.Size(), Config: cfg}, nil
+}
+
+// convertInto converts the image into a new work directory of dir (the
+// caller removes work, returned whenever it was made, also with an error):
+// convert fills its rootfs within the cache's budget measured now, mkfs
+// builds work/disk.erofs, and the tree is removed. unpacked is the time
+// convert took. An error for which isCacheFull holds is the budget's.
+func (o Options) convertInto(ctx context.Context, dir, h, ref string, kind Kind, digest string, convert source) (work string, cfg Config, unpacked time.Duration, err error) {
+	b, err := newBudget(o.CacheRoot, o.UID, o.Limits)
+	if err != nil {
+		return "", Config{}, 0, err
+	}
+	start := time.Now()
+	if work, err = newWorkDir(dir, h); err != nil {
+		return "", Config{}, 0, err
+	}
+	rootfs := filepath.Join(work, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return work, Config{}, 0, err
+	}
+	o.Logger.Info("converting image", "ref", ref, "kind", kind, "digest", digest)
+	if cfg, err = convert(ctx, work, rootfs, b); err != nil {
+		return work, Config{}, 0, err
+	}
+	unpacked = time.Since(start)
+	disk := filepath.Join(work, "disk.erofs")
+	if err := o.mkfs(ctx, work, rootfs, disk); err != nil {
+		return work, Config{}, 0, err
+	}
+	if fi, err := os.Stat(disk); err == nil && fi.Size() > b.space {
+		return work, Config{}, 0, b.quotaErr()
+	}
+	if err := os.RemoveAll(rootfs); err != nil {
+		return work, Config{}, 0, fmt.Errorf("remove unpacked image: %w", err)
+	}
+	return work, cfg, unpacked, nil
 }
 
 // mkfs builds the erofs disk from the unpacked tree. -x-1 stores no xattrs
