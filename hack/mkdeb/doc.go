@@ -57,11 +57,12 @@
 //     are not refused: dpkg renames new files over old ones, as make
 //     install does. Remove deletes what the launcher derives and can
 //     recreate: the cache (/var/cache/slurm-microvm: guest assets,
-//     converted images, GPU driver sets), the runtime directory
-//     (/run/slurm-microvm: stop records) and the scratch base
-//     (/var/lib/slurm-microvm). It keeps the conffile and the supervisor
-//     logs (/var/log/slurm-microvm): those are the admin's records of
-//     ended steps. Purge deletes the logs too, and dpkg the conffile:
+//     converted images, GPU driver sets) and the runtime directory
+//     (/run/slurm-microvm: stop records). It keeps the conffile, the
+//     supervisor logs (/var/log/slurm-microvm: the admin's records of
+//     ended steps) and the scratch base (/var/lib/slurm-microvm: with
+//     keep_scratch it holds users' data). Purge deletes the logs and the
+//     scratch base too, and dpkg the conffile:
 //     nothing remains (test/pkg TestPackageInstallStepPurge checks every
 //     path). Only these default paths are removed: a site that moved
 //     cache_dir, runtime_dir, scratch_base or [log] dir elsewhere removes

@@ -26,11 +26,13 @@ const (
 )
 
 // stateDirs are the directories the launcher creates at the package
-// config's defaults; postrm removes them (hack/mkdeb/doc.go). logDir goes
+// config's defaults; postrm removes them (hack/mkdeb/doc.go): the first
+// two at remove, scratchBase (kept scratch is the users' data) and logDir
 // at purge only.
 var (
-	stateDirs = []string{"/var/cache/slurm-microvm", "/run/slurm-microvm", "/var/lib/slurm-microvm"}
-	logDir    = "/var/log/slurm-microvm"
+	stateDirs   = []string{"/var/cache/slurm-microvm", "/run/slurm-microvm", "/var/lib/slurm-microvm"}
+	scratchBase = "/var/lib/slurm-microvm"
+	logDir      = "/var/log/slurm-microvm"
 )
 
 func run(t *testing.T, env []string, name string, args ...string) (string, error) {
@@ -196,6 +198,11 @@ func TestPackageInstallStepPurge(t *testing.T) {
 	}
 
 	// Remove: only the conffile (and the step logs) stay.
+	// A step's kept scratch (keep_scratch) is the user's data: remove
+	// keeps it, purge does not.
+	if err := os.MkdirAll(filepath.Join(scratchBase, "scratch", "kept"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := run(t, nil, "dpkg", "--remove", pkgName); err != nil {
 		t.Fatalf("remove: %v", err)
 	}
@@ -208,9 +215,12 @@ func TestPackageInstallStepPurge(t *testing.T) {
 		t.Errorf("after dpkg --remove: the admin's %s is gone: %v", conf, err)
 	}
 	for _, d := range stateDirs {
-		if _, err := os.Lstat(d); err == nil {
+		if _, err := os.Lstat(d); err == nil && d != scratchBase {
 			t.Errorf("after dpkg --remove: %s remains", d)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(scratchBase, "scratch", "kept")); err != nil {
+		t.Errorf("after dpkg --remove: a kept scratch directory is gone (users' data): %v", err)
 	}
 
 	// Purge: nothing stays.
@@ -256,13 +266,15 @@ func TestPrermRefusesRunningSteps(t *testing.T) {
 		arg        string
 		env        []string
 		refuse     bool
+		literal    bool // runtime_dir as a TOML literal string ('...')
 	}{
-		{"running step", fmt.Sprintf("%d %s\n", sleep.Process.Pid, start), "remove", nil, true},
-		{"pid reused", fmt.Sprintf("%d %s1\n", sleep.Process.Pid, start), "remove", nil, false},
-		{"supervisor gone", "999999999 1\n", "remove", nil, false},
-		{"no steps", "", "remove", nil, false},
-		{"upgrade", fmt.Sprintf("%d %s\n", sleep.Process.Pid, start), "upgrade", nil, false},
-		{"forced", fmt.Sprintf("%d %s\n", sleep.Process.Pid, start), "remove", []string{"SLURM_MICROVM_REMOVE_RUNNING=1"}, false},
+		{"running step", fmt.Sprintf("%d %s\n", sleep.Process.Pid, start), "remove", nil, true, false},
+		{"running step, runtime_dir a literal string", fmt.Sprintf("%d %s\n", sleep.Process.Pid, start), "remove", nil, true, true},
+		{"pid reused", fmt.Sprintf("%d %s1\n", sleep.Process.Pid, start), "remove", nil, false, false},
+		{"supervisor gone", "999999999 1\n", "remove", nil, false, false},
+		{"no steps", "", "remove", nil, false, false},
+		{"upgrade", fmt.Sprintf("%d %s\n", sleep.Process.Pid, start), "upgrade", nil, false, false},
+		{"forced", fmt.Sprintf("%d %s\n", sleep.Process.Pid, start), "remove", []string{"SLURM_MICROVM_REMOVE_RUNNING=1"}, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -280,7 +292,11 @@ func TestPrermRefusesRunningSteps(t *testing.T) {
 				}
 			}
 			cfg := filepath.Join(dir, "microvm.toml")
-			if err := os.WriteFile(cfg, []byte("runtime_dir = "+strconv.Quote(rt)+"\n[qemu]\nruntime_dir = \"/elsewhere\"\n"), 0o644); err != nil {
+			value := strconv.Quote(rt)
+			if tc.literal {
+				value = "'" + rt + "'"
+			}
+			if err := os.WriteFile(cfg, []byte("runtime_dir = "+value+"\n[qemu]\nruntime_dir = \"/elsewhere\"\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			cmd := exec.Command("sh", prerm(), tc.arg)
