@@ -167,6 +167,18 @@ static int mv_option_set(int val, const char *optarg, const char *src)
 			 MV_MAX_OPTARG);
 		return -1;
 	}
+	for (const char *c = optarg; *c; c++) {
+		/* Names and paths never hold them, and a newline or an
+		 * escape sequence in a value would reach admins' terminals
+		 * (`slurm-microvm ps`) and logs as if it were theirs. */
+		if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+			mv_error("%s: the value holds a control character (byte "
+				 "0x%02x at offset %d): images, paths and modes "
+				 "are printable text", src, (unsigned char)*c,
+				 (int)(c - optarg));
+			return -1;
+		}
+	}
 	if (*dst) {
 		/* Slurm replays options: the same value again is no news. */
 		if (!strcmp(*dst, optarg))
@@ -227,6 +239,18 @@ static int mv_option_given(int val)
 		return mv.opt.network != NULL;
 	}
 	return 0;
+}
+
+/* Adds var to mv.opt.from_env (", "-joined, each name once, bounded). */
+static void mv_note_env(const char *var)
+{
+	char *f = mv.opt.from_env;
+	size_t n = strlen(f);
+
+	if (strstr(f, var))
+		return;
+	snprintf(f + n, sizeof(mv.opt.from_env) - n, "%s%s", n ? ", " : "",
+		 var);
 }
 
 /* SLURM_MICROVM_DEBUG: 1/yes/true/on set it, 0/no/false/off do not. */
@@ -293,9 +317,11 @@ int mv_options_env(spank_t sp, int remote)
 		} else if (mv_option_set(mv_env_options[i].val, v, var) < 0) {
 			return -1;
 		}
-		if (mv.opt.from_env[0])
-			strcat(mv.opt.from_env, ", ");
-		strcat(mv.opt.from_env, var);
+		/* Only what took effect, once: Slurm calls init_post_opt once
+		 * per component of a heterogeneous job, and an "off" debug
+		 * value sets nothing, so it is read again each time. */
+		if (mv_option_given(mv_env_options[i].val))
+			mv_note_env(var);
 	}
 	return 0;
 }

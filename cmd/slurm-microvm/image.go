@@ -152,7 +152,7 @@ func imageCommand() *cli.Command {
 					tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 					fmt.Fprintln(tw, "UID\tDIGEST\tKIND\tSIZE\tCREATED\tREF")
 					for _, e := range entries {
-						fmt.Fprintf(tw, "%d\t%.19s\t%s\t%s\t%s\t%s\n", e.UID, e.Digest, e.Kind, imageHumanBytes(e.Size), e.Created.Local().Format(time.DateTime), e.Ref)
+						fmt.Fprintf(tw, "%d\t%.19s\t%s\t%s\t%s\t%s\n", e.UID, e.Digest, e.Kind, imageHumanBytes(e.Size), e.Created.Local().Format(time.DateTime), printable(e.Ref))
 					}
 					return tw.Flush()
 				},
@@ -177,7 +177,7 @@ func imageCommand() *cli.Command {
 					for _, what := range c.Args().Slice() {
 						removed, err := image.Remove(c.Context, root, uid, what)
 						for _, e := range removed {
-							fmt.Fprintf(c.App.Writer, "removed %s %s\n", e.Digest, e.Ref)
+							fmt.Fprintf(c.App.Writer, "removed %s %s\n", e.Digest, printable(e.Ref))
 						}
 						if err != nil && node != "" && errors.Is(err, image.ErrNotFound) {
 							return cli.Exit(fmt.Sprintf("%v; %s", err, nodeCacheAdvice(node, uid, what)), 1)
@@ -406,7 +406,7 @@ func printPrune(w io.Writer, r *pruneReport) {
 	}
 	if im := r.Images; im != nil {
 		for _, e := range im.Removed {
-			fmt.Fprintf(w, "%s image %s uid %d %s (last used %s) %s\n", verb, e.Digest, e.UID, imageHumanBytes(e.Size), e.LastUsed.Local().Format(time.DateTime), e.Ref)
+			fmt.Fprintf(w, "%s image %s uid %d %s (last used %s) %s\n", verb, e.Digest, e.UID, imageHumanBytes(e.Size), e.LastUsed.Local().Format(time.DateTime), printable(e.Ref))
 		}
 		for _, e := range im.InUse {
 			fmt.Fprintf(w, "kept image %s uid %d: in use by a running step or a conversion\n", e.Digest, e.UID)

@@ -3,8 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/urfave/cli/v2"
 
@@ -12,6 +14,19 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/inventory"
 	"github.com/slurm-microvm/slurm-microvm/launcher/metrics"
 )
+
+// printable is s for a table cell, quoted (Go syntax: \n, \x1b) when it
+// holds a character that is not printable or a tab: values users chose (an
+// image path, a reference) must not add rows or send terminal escapes to
+// an admin's terminal. JSON output escapes them by itself.
+func printable(s string) string {
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
 
 // psCommand is `slurm-microvm ps [--json]`: every sandbox with state on
 // this node (package launcher/inventory).
@@ -51,8 +66,8 @@ func psCommand() *cli.Command {
 				if node == "" {
 					node = "-"
 				}
-				fmt.Fprintf(tw, "%d.%d\t%d\t%s\t%s(%d)\t%s\t%s\t%d\t%dMiB\t%s\t%s\t%s\n", s.Job, s.Step, s.Restart, node, s.User, s.UID,
-					s.Image, digest, s.VCPUs, s.MemoryMiB, time.Duration(s.UptimeS)*time.Second, s.Phase, vmm)
+				fmt.Fprintf(tw, "%d.%d\t%d\t%s\t%s(%d)\t%s\t%s\t%d\t%dMiB\t%s\t%s\t%s\n", s.Job, s.Step, s.Restart, printable(node), printable(s.User), s.UID,
+					printable(s.Image), printable(digest), s.VCPUs, s.MemoryMiB, time.Duration(s.UptimeS)*time.Second, s.Phase, vmm)
 			}
 			return tw.Flush()
 		},

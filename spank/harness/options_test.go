@@ -2,8 +2,8 @@ package harness
 
 import (
 	"os"
-	"reflect"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -71,6 +71,10 @@ var invalidOptions = []struct{ line, want string }{
 		"--microvm: the value must not be empty (use --microvm=IMAGE)"},
 	{"--microvm=a.img --microvm-mounts=",
 		"--microvm-mounts: the value must not be empty"},
+	{"--microvm=/i/a\x1b[2Kb.img",
+		"--microvm: the value holds a control character (byte 0x1b at offset 4): images, paths and modes are printable text"},
+	{"--microvm=a.img --microvm-workdir=/w\x7f",
+		"--microvm-workdir: the value holds a control character (byte 0x7f at offset 2)"},
 }
 
 func TestInvalidOptionCombinations(t *testing.T) {
@@ -291,6 +295,8 @@ func TestEnvironmentFallbacks(t *testing.T) {
 			validate: []string{"validate", "--image", "/i/a.img"}},
 		{name: "bad debug value", env: map[string]string{"SLURM_MICROVM_IMAGE": "/i/a.img", "SLURM_MICROVM_DEBUG": "maybe"},
 			want: "SLURM_MICROVM_DEBUG=maybe: want 1 or 0"},
+		{name: "a control character", env: map[string]string{"SLURM_MICROVM_IMAGE": "/i/a.img\nfake row"},
+			want: "SLURM_MICROVM_IMAGE: the value holds a control character (byte 0x0a at offset 8)"},
 		{name: "too long", env: map[string]string{"SLURM_MICROVM_IMAGE": "/" + strings.Repeat("a", 5000)},
 			want: "SLURM_MICROVM_IMAGE: the value is longer than 4096 bytes"},
 		// A profile's variables do not turn host steps into errors.
@@ -337,6 +343,42 @@ func TestEnvironmentFallbacks(t *testing.T) {
 					t.Errorf("context %d: launcher calls %q, want %q", ctx, got, want)
 				}
 			})
+		}
+	}
+}
+
+// Slurm calls init_post_opt once per component of a heterogeneous job
+// (srun's option loop, sbatch, salloc): the variables are noted once, and
+// an "off" SLURM_MICROVM_DEBUG, which sets nothing and so is read again
+// each time, does not grow the note. Before, 14 components overran it
+// into the step's state, whose pointers the exit hook then freed.
+func TestEnvironmentFallbacksPerComponent(t *testing.T) {
+	for _, v := range []string{"IMAGE", "MOUNTS", "WORKDIR", "MPI", "NETWORK", "DEBUG"} {
+		t.Setenv("SLURM_MICROVM_"+v, "")
+		os.Unsetenv("SLURM_MICROVM_" + v)
+	}
+	t.Setenv("SLURM_MICROVM_IMAGE", "fail.img")
+	t.Setenv("SLURM_MICROVM_MPI", "off")
+	t.Setenv("SLURM_MICROVM_DEBUG", "0")
+	f := newFakeLauncher(t)
+	h := NewHost(Job{Context: CtxLocal}, f.args()...)
+	if rc := h.Call(HookInit, -1); rc != 0 {
+		t.Fatalf("init = %d, log %q", rc, h.Log())
+	}
+	for c := 0; c < 20; c++ {
+		if rc := h.Call(HookInitPostOpt, -1); rc == 0 {
+			t.Fatalf("component %d: fail.img accepted", c)
+		}
+	}
+	h.Call(HookExit, -1)
+	const want = "options taken from the environment: SLURM_MICROVM_IMAGE, SLURM_MICROVM_MPI"
+	log := h.Log()
+	if !logHas(log, want) {
+		t.Fatalf("log %q lacks %q", log, want)
+	}
+	for _, l := range log {
+		if strings.Count(l, "SLURM_MICROVM_") > 2 {
+			t.Errorf("a variable noted twice: %q", l)
 		}
 	}
 }
