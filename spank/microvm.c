@@ -35,6 +35,7 @@ void mv_state_reset(void)
 	free(mv.opt.mounts);
 	free(mv.opt.workdir);
 	free(mv.opt.mpi);
+	free(mv.opt.network);
 	free(mv.step.exited);
 	free(mv.step.failure);
 	memset(&mv, 0, sizeof(mv));
