@@ -32,19 +32,32 @@ func Exclusive(ctx context.Context, p, waitingFor string) (release func(), err e
 		f.Close()
 		return nil, fmt.Errorf("lock %s: %w", p, err)
 	}
+	if err := Wait(ctx, f, unix.LOCK_EX); err != nil {
+		f.Close()
+		if errors.Is(err, ctx.Err()) {
+			return nil, fmt.Errorf("lock %s: waiting for %s: %w", p, waitingFor, err)
+		}
+		return nil, fmt.Errorf("lock %s: %w", p, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// Wait takes the flock(2) lock how (unix.LOCK_EX or unix.LOCK_SH) on the
+// open file f, polling from 1 ms up to every 100 ms until ctx is done (a
+// blocking flock could not be cut short). Errors: ctx's error as it is
+// (errors.Is(err, ctx.Err())), or flock's; the file stays open either way.
+func Wait(ctx context.Context, f *os.File, how int) error {
 	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
 		if err == nil {
-			return func() { f.Close() }, nil
+			return nil
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", p, err)
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("lock %s: waiting for %s: %w", p, waitingFor, ctx.Err())
+			return ctx.Err()
 		case <-time.After(delay):
 		}
 	}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slurm-microvm/slurm-microvm/launcher/flock"
 )
 
 // ErrPruned is returned (wrapped) by Use for a disk that a prune removed
@@ -35,20 +37,11 @@ func Use(ctx context.Context, img *Image) (release func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("use image disk %s: %w", img.Disk, err)
 	}
-	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
-		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("use image disk %s: waiting for a prune: %w", img.Disk, ctx.Err())
-		case <-time.After(delay):
-		}
-	}
-	if err != nil {
+	if err := flock.Wait(ctx, f, unix.LOCK_SH); err != nil {
 		f.Close()
+		if errors.Is(err, ctx.Err()) {
+			return nil, fmt.Errorf("use image disk %s: waiting for a prune: %w", img.Disk, err)
+		}
 		return nil, fmt.Errorf("use image disk %s: lock: %w", img.Disk, err)
 	}
 	same, err := sameFile(f, img.Disk)

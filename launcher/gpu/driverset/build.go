@@ -651,20 +651,11 @@ func Use(ctx context.Context, b *Built) (release func(), err error) {
 		f.Close()
 		return nil, fmt.Errorf("use the driver set %s: %w", b.Dir, err)
 	}
-	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
-		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("use the driver set %s: waiting for its lock: %w", b.Dir, ctx.Err())
-		case <-time.After(delay):
-		}
-	}
-	if err != nil {
+	if err := flock.Wait(ctx, f, unix.LOCK_SH); err != nil {
 		f.Close()
+		if errors.Is(err, ctx.Err()) {
+			return nil, fmt.Errorf("use the driver set %s: waiting for its lock: %w", b.Dir, err)
+		}
 		return nil, fmt.Errorf("use the driver set %s: lock: %w", b.Dir, err)
 	}
 	held, err1 := f.Stat()
