@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"syscall"
 	"time"
@@ -94,23 +95,11 @@ func load(textfile string) (*counters, error) {
 		return nil, fmt.Errorf("parse metrics state %s: %w (remove it to start the counters again)", statePath(textfile), err)
 	}
 	for name, h := range c.Phases {
-		if h == nil || !equal(h.Bounds, Buckets) || len(h.Counts) != len(Buckets)+1 {
+		if h == nil || !slices.Equal(h.Bounds, Buckets) || len(h.Counts) != len(Buckets)+1 {
 			delete(c.Phases, name)
 		}
 	}
 	return c, nil
-}
-
-func equal(a, b []float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func (c *counters) add(s Step) {

@@ -54,6 +54,13 @@
 // refuses shows that note. `podman login --authfile ~/.docker/config.json`
 // or `docker login` without a helper writes a usable entry.
 //
+// Parsers of its own, not docker/cli's configfile or go-containerregistry's
+// keychain: those read only Docker's format (containers-auth.json and
+// enroot's netrc lines are not theirs), resolve credential helpers by
+// running them, and read the process's own environment and home (root's,
+// in the supervisor). The three formats here are small JSON and line
+// parsers behind one Lookup.
+//
 // Broken files. A missing, unreadable, oversized (1 MiB), non-regular or
 // malformed file is noted and skipped, never an error: a pull of a public
 // image must not fail for a stale credentials file. The notes name the
