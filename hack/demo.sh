@@ -71,7 +71,15 @@ if [[ ${1:-} == down ]]; then
 		rm -rf -- "$g" /etc/profile.d/slurm-microvm-go.sh
 	done
 	rm -rf -- "$DEMO"
-	echo "demo: down; everything it recorded is removed"
+	kept=()
+	for p in "${INSTALL_PATHS[@]}"; do
+		[[ -e $p || -L $p ]] && kept+=("$p")
+	done
+	if id "$DEMO_USER" >/dev/null 2>&1; then kept+=("user $DEMO_USER"); fi
+	echo "demo: down; removed what it recorded (${#paths[@]} paths, ${#pkgs[@]} packages, ${#gos[@]} Go) and its own $DEMO and $STATE"
+	if ((${#kept[@]} > 0)); then
+		echo "demo: left alone, as they were there before the demo: ${kept[*]}"
+	fi
 	exit 0
 fi
 [[ -z ${1:-} ]] || { echo "demo: unknown argument $1 (nothing, or down)" >&2; exit 2; }
