@@ -47,7 +47,7 @@ func startAgent(t *testing.T, uid, gid uint32) *transport.Session {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { _ = srv.Serve(ctx, l) }()
-	sess, err := transport.NewHostSession(hostEnd)
+	sess, err := transport.NewHostSession(hostEnd, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

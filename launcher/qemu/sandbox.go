@@ -369,7 +369,10 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	pinned := make(chan struct{})
 	go func() { defer close(pinned); s.pin(ctx) }()
 	defer func() { <-pinned }()
-	s.sess, err = transport.NewHostSession(hostEnd)
+	// The first stream waits for the whole boot: its open bound is past the
+	// boot timeout, so waitReady's own timeout (with its clear error) ends
+	// a slow boot first.
+	s.sess, err = transport.NewHostSession(hostEnd, s.d.o.BootTimeout+30*time.Second)
 	if err != nil {
 		s.kill()
 		return nil, err

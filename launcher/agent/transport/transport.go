@@ -23,13 +23,17 @@ import (
 	"github.com/hashicorp/yamux"
 )
 
-func yamuxConfig() *yamux.Config {
+// DefaultOpenTimeout is NewHostSession's stream-open bound when it is given
+// none.
+const DefaultOpenTimeout = 2 * time.Minute
+
+func yamuxConfig(openTimeout time.Duration) *yamux.Config {
 	c := yamux.DefaultConfig()
 	// A guest under TCG can stall for seconds; liveness is the VMM's process
 	// state, not a keepalive.
 	c.EnableKeepAlive = false
 	c.ConnectionWriteTimeout = 2 * time.Minute
-	c.StreamOpenTimeout = 2 * time.Minute
+	c.StreamOpenTimeout = openTimeout
 	c.LogOutput = io.Discard
 	return c
 }
@@ -41,8 +45,17 @@ type Session struct {
 
 // NewHostSession starts the host (client) end of the multiplexer on conn, the
 // host side of the virtio-serial port. It takes ownership of conn.
-func NewHostSession(conn io.ReadWriteCloser) (*Session, error) {
-	s, err := yamux.Client(conn, yamuxConfig())
+// openTimeout bounds how long a stream waits for the agent to accept it
+// (yamux's StreamOpenTimeout, past which yamux closes the whole session);
+// the first stream is opened as the VMM starts and waits for the whole
+// boot, so the caller gives at least its boot timeout (a guest that took
+// longer than a fixed 2 minutes to boot lost its session: nested TCG,
+// test/cgroupv2). 0 means DefaultOpenTimeout.
+func NewHostSession(conn io.ReadWriteCloser, openTimeout time.Duration) (*Session, error) {
+	if openTimeout <= 0 {
+		openTimeout = DefaultOpenTimeout
+	}
+	s, err := yamux.Client(conn, yamuxConfig(openTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("start yamux client: %w", err)
 	}
@@ -85,7 +98,7 @@ func (s *Session) Close() error { return s.s.Close() }
 // Listen starts the guest (server) end of the multiplexer on conn, the guest
 // side of the virtio-serial port. Each accepted net.Conn is one stream.
 func Listen(conn io.ReadWriteCloser) (net.Listener, error) {
-	s, err := yamux.Server(conn, yamuxConfig())
+	s, err := yamux.Server(conn, yamuxConfig(DefaultOpenTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("start yamux server: %w", err)
 	}
