@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/slurm-microvm/slurm-microvm/launcher/cgroup"
 	"io"
 	"os"
 	"os/signal"
@@ -235,6 +236,9 @@ func (l *Launcher) Exec(ctx context.Context, stateDir string, argv, env []string
 		cpus := 0
 		if s != nil {
 			cpus = GuestCPUs(s, os.Getpid()) // the supervisor's: same step cpuset
+			if lim, err := cgroup.MemoryLimit(os.Getpid(), cgroup.Roots{}); err == nil {
+				s.MemLimitMiB = lim.MiB() // and the same step memory limit
+			}
 		}
 		fmt.Fprintln(io.Err, OOMMessage(s, cpus, l.Config.Resources))
 	}
@@ -262,6 +266,8 @@ func OOMMessage(s *Spec, cpus int, r config.Resources) string {
 		from = "--mem"
 	case s.MemPerCPUMiB > 0:
 		from = "--mem-per-cpu"
+	case s.MemLimitMiB > 0:
+		from = "the step's cgroup memory limit"
 	}
 	return fmt.Sprintf("%s (guest %d MiB, from %s, less the VMM's %d MiB); ask for more memory", msg, mib, from, r.VMMOverheadMiB)
 }

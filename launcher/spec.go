@@ -29,6 +29,11 @@ type Spec struct {
 	// which size the guest where Slurm allocates no memory (GuestMemoryMiB).
 	MemPerNodeMiB uint64 `json:"mem_per_node_mib,omitempty"`
 	MemPerCPUMiB  uint64 `json:"mem_per_cpu_mib,omitempty"`
+	// MemLimitMiB is the memory limit the kernel enforces on the step
+	// (cgroup.MemoryLimit: memory.max on v2, memory.limit_in_bytes on v1;
+	// 0: none), read by the supervisor once it sits in the step's cgroup
+	// and by each task; never in the spec file: prepare runs elsewhere.
+	MemLimitMiB uint64 `json:"-"`
 	// GPUs is SLURM_STEP_GPUS: the node's global GPU indices.
 	GPUs string `json:"gpus,omitempty"`
 	// CPUs, when set, is the vCPU count (`run --cpus`); else the step's

@@ -1,16 +1,3 @@
-// Package cgroup places the sandbox's processes in the step's cgroups.
-//
-// Slurm (22.05, cgroup v1) starts slurmstepd in the *job's* freezer cgroup
-// while cpuset, memory and devices are already step-level when the SPANK
-// plugin forks the launcher. A process left in the job freezer escapes
-// `scancel` of the step and its memory is not charged to it, so the
-// supervisor moves itself into ".../job_J/step_S" of every v1 hierarchy in
-// which it sits at job level, before it starts any child: the VMM and every
-// helper inherit the step's cgroups, count against --mem and are killed with
-// the step (measured: SIGKILLed by scancel in about 20 ms).
-//
-// On the unified hierarchy (cgroup v2) Slurm puts slurmstepd in
-// ".../job_J/step_S/slurm", already inside the step: nothing moves.
 package cgroup
 
 import (
@@ -18,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -61,63 +47,6 @@ func StepDirName(step uint32) string {
 		return "step_interactive"
 	}
 	return "step_" + strconv.FormatUint(uint64(step), 10)
-}
-
-// Move is one planned placement: write the pid into Procs.
-type Move struct {
-	Controller string
-	Procs      string // .../step_S/cgroup.procs
-}
-
-// Plan lists the v1 hierarchies in which the process sits at job level
-// (path ending in "/job_<job>") and whose step directory exists below
-// mountRoot (normally /sys/fs/cgroup).
-func Plan(ms []Membership, mountRoot string, job, step uint32) []Move {
-	jobDir := "job_" + strconv.FormatUint(uint64(job), 10)
-	var moves []Move
-	for _, m := range ms {
-		if m.Controllers == "" || filepath.Base(m.Path) != jobDir {
-			continue
-		}
-		mount := firstController(m.Controllers)
-		dir := filepath.Join(mountRoot, mount, m.Path, StepDirName(step))
-		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-			continue
-		}
-		moves = append(moves, Move{Controller: m.Controllers, Procs: filepath.Join(dir, "cgroup.procs")})
-	}
-	return moves
-}
-
-// firstController maps a v1 controller list to its mount directory name
-// ("cpu,cpuacct" is mounted as "cpu,cpuacct"; named hierarchies like
-// "name=systemd" as "systemd").
-func firstController(c string) string {
-	if strings.HasPrefix(c, "name=") {
-		return strings.TrimPrefix(c, "name=")
-	}
-	return c
-}
-
-// EnterStep moves pid into the step's cgroups as described in the package
-// comment, and returns what it moved (for the log).
-func EnterStep(pid int, job, step uint32) ([]Move, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return nil, fmt.Errorf("read cgroups of pid %d: %w", pid, err)
-	}
-	defer f.Close()
-	ms, err := Parse(f)
-	if err != nil {
-		return nil, err
-	}
-	moves := Plan(ms, "/sys/fs/cgroup", job, step)
-	for _, m := range moves {
-		if err := os.WriteFile(m.Procs, []byte(strconv.Itoa(pid)), 0); err != nil {
-			return nil, fmt.Errorf("move pid %d into %s: %w", pid, m.Procs, err)
-		}
-	}
-	return moves, nil
 }
 
 // CPUs returns the number of CPUs in the cpuset of pid's cgroup, or 0 when

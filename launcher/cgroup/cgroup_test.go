@@ -1,42 +1,8 @@
 package cgroup
 
 import (
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 )
-
-func TestPlan(t *testing.T) {
-	root := t.TempDir()
-	for _, d := range []string{
-		"freezer/slurm/uid_1000/job_42/step_0",
-		"memory/slurm/uid_1000/job_42/step_0",
-		"cpuset/slurm/uid_1000/job_42",
-	} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	in := strings.Join([]string{
-		"12:freezer:/slurm/uid_1000/job_42",
-		"11:memory:/slurm/uid_1000/job_42/step_0",
-		"10:cpuset:/slurm/uid_1000/job_42", // no step dir: stays
-		"9:cpu,cpuacct:/",
-		"0::/system.slice/slurmd.service",
-	}, "\n")
-	ms, err := Parse(strings.NewReader(in))
-	if err != nil {
-		t.Fatal(err)
-	}
-	moves := Plan(ms, root, 42, 0)
-	if len(moves) != 1 || moves[0].Procs != filepath.Join(root, "freezer/slurm/uid_1000/job_42/step_0/cgroup.procs") {
-		t.Fatalf("moves = %+v, want only the freezer", moves)
-	}
-	if got := Plan(ms, root, 43, 0); len(got) != 0 {
-		t.Fatalf("another job's cgroup planned: %+v", got)
-	}
-}
 
 func TestStepDirName(t *testing.T) {
 	for step, want := range map[uint32]string{0: "step_0", 7: "step_7", 0xfffffffb: "step_batch", 0xfffffffc: "step_extern", 0xfffffffa: "step_interactive"} {

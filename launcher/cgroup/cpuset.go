@@ -117,3 +117,13 @@ func InStep(path string, job, step uint32) bool {
 	p := "/" + strings.Trim(path, "/") + "/"
 	return strings.Contains(p, "/"+want+"/")
 }
+
+// firstController maps a v1 controller list to its mount directory name
+// ("cpu,cpuacct" is mounted as "cpu,cpuacct"; named hierarchies like
+// "name=systemd" as "systemd").
+func firstController(c string) string {
+	if strings.HasPrefix(c, "name=") {
+		return strings.TrimPrefix(c, "name=")
+	}
+	return c
+}

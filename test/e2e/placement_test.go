@@ -70,6 +70,11 @@ func check(t *testing.T, pid, job int, first string) {
 	if !cgroup.InStep(cs.Path, uint32(job), 0) {
 		t.Fatalf("VMM's cpuset %s is not step 0's of job %d", cs.Path, job)
 	}
+	// The VMM has the OOM standing of the step's tasks (0), not
+	// slurmstepd's -1000: it is the one the kernel kills past --mem.
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid)); err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("VMM oom_score_adj %q (%v), want 0 as the step's tasks have", strings.TrimSpace(string(b)), err)
+	}
 	step, err := placement.ParseList(cs.List)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,75 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/cgroups/v3"
+)
+
+// v1Unlimited: v1 memory.limit_in_bytes at or above this is "no limit"
+// (the kernel writes PAGE_COUNTER_MAX pages, 9223372036854771712 on
+// amd64).
+const v1Unlimited = 1 << 62
+
+// Limit is a memory limit and where it was found.
+type Limit struct {
+	// Bytes is the limit; 0: none is set on the path.
+	Bytes uint64
+	// File is the file that set it ("" when none).
+	File string
+}
+
+// MiB is the limit in MiB, rounded down (0: none).
+func (l Limit) MiB() uint64 { return l.Bytes >> 20 }
+
+// MemoryLimit returns the memory limit the kernel enforces on pid: the
+// smallest memory.max (v2; "max" is none) or memory.limit_in_bytes (v1,
+// hierarchical accounting) on the path from pid's memory cgroup up to its
+// hierarchy's root (kernel Documentation/admin-guide/cgroup-v2.rst,
+// "memory.max"; cgroup-v1/memory.rst, "Hierarchy support"). A parent's
+// file that cannot be read (not delegated) is skipped. Errors:
+// /proc/<pid>/cgroup unreadable, a limit file that does not parse.
+func MemoryLimit(pid int, r Roots) (Limit, error) {
+	r = r.withDefaults()
+	v1paths, unified, err := cgroups.ParseCgroupFileUnified(filepath.Join(r.Proc, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return Limit{}, fmt.Errorf("read cgroups of pid %d: %w", pid, err)
+	}
+	base, group, file := filepath.Join(r.Mount, "memory"), v1paths["memory"], "memory.limit_in_bytes"
+	if r.Mode == ModeV2 {
+		base, group, file = r.Mount, unified, "memory.max"
+	}
+	if group == "" {
+		return Limit{}, nil
+	}
+	var lim Limit
+	for g := path.Clean("/" + group); ; g = path.Dir(g) {
+		p := filepath.Join(base, g, file)
+		b, err := os.ReadFile(p)
+		switch {
+		case errors.Is(err, os.ErrNotExist), errors.Is(err, os.ErrPermission):
+		case err != nil:
+			return Limit{}, fmt.Errorf("read memory limit: %w", err)
+		default:
+			v := strings.TrimSpace(string(b))
+			if v != "max" {
+				n, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					return Limit{}, fmt.Errorf("memory limit %s: %q is not a number of bytes", p, v)
+				}
+				if n < v1Unlimited && (lim.Bytes == 0 || n < lim.Bytes) {
+					lim = Limit{Bytes: n, File: p}
+				}
+			}
+		}
+		if g == "/" {
+			return lim, nil
+		}
+	}
+}
