@@ -21,6 +21,7 @@ import (
 
 	"github.com/slurm-microvm/slurm-microvm/fs"
 	"github.com/slurm-microvm/slurm-microvm/launcher"
+	"github.com/slurm-microvm/slurm-microvm/launcher/cgroup"
 	"github.com/slurm-microvm/slurm-microvm/launcher/config"
 	"github.com/slurm-microvm/slurm-microvm/launcher/image"
 	"github.com/slurm-microvm/slurm-microvm/launcher/runtime"
@@ -588,9 +589,16 @@ func configCommand() *cli.Command {
 						err = errors.Join(err, checkKata(c, cfg))
 					}
 				}
-				if c.Bool("json") {
-					return printConfigCheck(c, path, !missing, cfg, err)
+				// Slurm's cgroup configuration on this node (SLURM_CONF or
+				// /etc/slurm/slurm.conf, and cgroup.conf beside it).
+				sc := cgroup.CheckSlurm("", cgroup.Detect(), "")
+				for _, p := range sc.Problems {
+					err = errors.Join(err, errors.New("cgroup: "+p))
 				}
+				if c.Bool("json") {
+					return printConfigCheck(c, path, !missing, cfg, &sc, err)
+				}
+				printCgroupCheck(c.App.Writer, sc)
 				if err != nil {
 					return cli.Exit(err.Error(), 1)
 				}
@@ -602,7 +610,9 @@ func configCommand() *cli.Command {
 }
 
 // configCheckReport is `config check --json`: OK with no problems, else
-// each problem with the key and line it was found at (0: none).
+// each problem with the key and line it was found at (0: none). Cgroup is
+// the node's hierarchy and Slurm's cgroup settings (its problems are also
+// in Problems, key "cgroup"; its missing settings are warnings only).
 type configCheckReport struct {
 	Path       string               `json:"path"`
 	Exists     bool                 `json:"exists"`
@@ -610,7 +620,25 @@ type configCheckReport struct {
 	Driver     string               `json:"driver,omitempty"`
 	RuntimeDir string               `json:"runtime_dir,omitempty"`
 	CacheDir   string               `json:"cache_dir,omitempty"`
+	Cgroup     *cgroup.SlurmCheck   `json:"cgroup,omitempty"`
 	Problems   []configCheckProblem `json:"problems"`
+}
+
+// printCgroupCheck writes the hierarchy, the Slurm settings that decide the
+// sandbox's limits, and a warning line for each missing one.
+func printCgroupCheck(w io.Writer, sc cgroup.SlurmCheck) {
+	fmt.Fprintf(w, "cgroup: %s\n", sc.Describe)
+	var set []string
+	for _, k := range []string{"CgroupPlugin", "ConstrainRAMSpace", "ConstrainDevices", "ConstrainCores", "ProctrackType", "TaskPlugin"} {
+		set = append(set, k+"="+sc.Settings[k])
+	}
+	fmt.Fprintf(w, "slurm: %s\n", strings.Join(set, " "))
+	for _, m := range sc.Missing {
+		fmt.Fprintf(w, "warning: missing %s\n", m)
+	}
+	for _, n := range sc.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
 }
 
 type configCheckProblem struct {
@@ -621,8 +649,8 @@ type configCheckProblem struct {
 
 // printConfigCheck writes the report of a check that ended with err and
 // exits 1 when err is not nil.
-func printConfigCheck(c *cli.Context, path string, exists bool, cfg *config.Config, err error) error {
-	r := configCheckReport{Path: path, Exists: exists, OK: err == nil, Problems: []configCheckProblem{}}
+func printConfigCheck(c *cli.Context, path string, exists bool, cfg *config.Config, sc *cgroup.SlurmCheck, err error) error {
+	r := configCheckReport{Path: path, Exists: exists, OK: err == nil, Cgroup: sc, Problems: []configCheckProblem{}}
 	if cfg != nil {
 		r.Driver, r.RuntimeDir, r.CacheDir = cfg.Driver, cfg.RuntimeDir, cfg.CacheDir
 	}
@@ -635,6 +663,10 @@ func printConfigCheck(c *cli.Context, path string, exists bool, cfg *config.Conf
 			return
 		}
 		if e == nil {
+			return
+		}
+		if m, ok := strings.CutPrefix(e.Error(), "cgroup: "); ok {
+			r.Problems = append(r.Problems, configCheckProblem{Key: "cgroup", Message: m})
 			return
 		}
 		var ce *config.Error
