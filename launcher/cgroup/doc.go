@@ -42,7 +42,9 @@
 // limit and the kernel enforces the smallest along the path
 // (cgroup-v2.rst "memory.max"; v1 hierarchical accounting), and the
 // layout of Slurm's job and step directories (StepDirName, InStep), which
-// is Slurm's, not the library's. Measured on this project's hosts, one
-// placement through the library costs about as much as the hand-written
-// writes (well under 1 ms; `go test -bench Enter ./launcher/cgroup`).
+// is Slurm's, not the library's. Measured side by side on a fake tree
+// (`go test -run XXX -bench EnterStep ./launcher/cgroup`, 2 cores): v1
+// 0.03 ms through the library against 0.27 ms for the old hand-written
+// writes (which truncated each file), v2 0.16 ms against 0.14 ms: no
+// reason to keep the hand-written code, a placement is once per step.
 package cgroup

@@ -13,7 +13,7 @@ import (
 
 // fakeNode is a cgroup tree under t.TempDir(): dirs made, /proc/<pid>/cgroup
 // written with procLines.
-func fakeNode(t *testing.T, pid string, procLines []string, dirs ...string) (Roots, string) {
+func fakeNode(t testing.TB, pid string, procLines []string, dirs ...string) (Roots, string) {
 	t.Helper()
 	root := t.TempDir()
 	mount := filepath.Join(root, "cgroup")
@@ -214,6 +214,92 @@ func TestMemoryLimit(t *testing.T) {
 			}
 			if l.Bytes != tt.want || l.File != wantFile {
 				t.Errorf("limit %d from %q, want %d from %q", l.Bytes, l.File, tt.want, wantFile)
+			}
+		})
+	}
+}
+
+// BenchmarkEnterStep is one placement through the library on a fake tree:
+// v1 (two hierarchies moved) and v2 (the move into the slurm leaf). The
+// cgroup file system's own writes cost the same whoever issues them.
+func BenchmarkEnterStep(b *testing.B) {
+	const v1job = "/slurm_n1/uid_1000/job_42"
+	const v2job = "/system.slice/n1_slurmstepd.scope/job_42"
+	for _, tt := range []struct {
+		name  string
+		mode  Mode
+		lines []string
+		dirs  []string
+	}{
+		{"v1", ModeV1, []string{"12:freezer:" + v1job, "11:memory:" + v1job, "10:cpuset:" + v1job + "/step_0", "0::/"},
+			[]string{"freezer" + v1job + "/step_0", "memory" + v1job + "/step_0", "cpuset" + v1job + "/step_0"}},
+		{"v2", ModeV2, []string{"0::" + v2job}, []string{v2job + "/step_0/slurm"}},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			r, mount := fakeNode(b, "77", tt.lines, tt.dirs...)
+			r.Mode, r.V1 = tt.mode, v1Hierarchy(mount)
+			b.Run("library", func(b *testing.B) {
+				for b.Loop() {
+					if _, err := EnterStep(77, 42, 0, r); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			// The hand-written placement this package had before: parse
+			// /proc/<pid>/cgroup, write the pid into each step directory.
+			b.Run("direct", func(b *testing.B) {
+				for b.Loop() {
+					f, err := os.Open(filepath.Join(r.Proc, "77", "cgroup"))
+					if err != nil {
+						b.Fatal(err)
+					}
+					ms, err := Parse(f)
+					f.Close()
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, m := range ms {
+						dir := filepath.Join(mount, firstController(m.Controllers), m.Path)
+						if filepath.Base(m.Path) != "job_42" {
+							continue
+						}
+						dir = filepath.Join(dir, "step_0")
+						if m.Controllers == "" {
+							dir = filepath.Join(dir, "slurm")
+						}
+						if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte("77"), 0o644); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			})
+		})
+	}
+}
+
+func TestOOMKills(t *testing.T) {
+	for _, tt := range []struct {
+		name, line, file, content string
+		mode                      Mode
+		want                      uint64
+		bad                       bool
+	}{
+		{"v2", "0::/a/step_0/slurm", "a/step_0/slurm/memory.events", "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n", ModeV2, 1, false},
+		{"v1", "4:memory:/slurm/job_1/step_0", "memory/slurm/job_1/step_0/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n", ModeV1, 2, false},
+		{"v1 old kernel", "4:memory:/slurm/job_1/step_0", "memory/slurm/job_1/step_0/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\n", ModeV1, 0, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r, mount := fakeNode(t, "77", []string{tt.line})
+			r.Mode = tt.mode
+			if err := os.MkdirAll(filepath.Dir(filepath.Join(mount, tt.file)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(mount, tt.file), []byte(tt.content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			n, err := OOMKills(77, r)
+			if (err != nil) != tt.bad || n != tt.want {
+				t.Errorf("= %d, %v; want %d (error %v)", n, err, tt.want, tt.bad)
 			}
 		})
 	}

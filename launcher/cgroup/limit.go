@@ -73,3 +73,36 @@ func MemoryLimit(pid int, r Roots) (Limit, error) {
 		}
 	}
 }
+
+// OOMKills returns how many processes the kernel's out-of-memory killer
+// has killed in pid's memory cgroup and below: oom_kill of memory.events
+// on v2, of memory.oom_control on v1 (kernel 4.13 and later; cgroup-v2.rst
+// "memory.events", cgroup-v1/memory.rst). A caller that reads it before
+// and after a process died can tell a memory-cgroup kill from any other
+// SIGKILL. Errors: /proc/<pid>/cgroup or the file unreadable, no oom_kill
+// field.
+func OOMKills(pid int, r Roots) (uint64, error) {
+	r = r.withDefaults()
+	v1paths, unified, err := cgroups.ParseCgroupFileUnified(filepath.Join(r.Proc, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return 0, fmt.Errorf("read cgroups of pid %d: %w", pid, err)
+	}
+	p := filepath.Join(r.Mount, "memory", v1paths["memory"], "memory.oom_control")
+	if r.Mode == ModeV2 {
+		p = filepath.Join(r.Mount, unified, "memory.events")
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0, fmt.Errorf("read OOM kills: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: oom_kill %q is not a number", p, v)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("%s has no oom_kill field", p)
+}

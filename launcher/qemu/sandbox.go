@@ -23,6 +23,7 @@ import (
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/api"
 	"github.com/slurm-microvm/slurm-microvm/launcher/agent/transport"
 	"github.com/slurm-microvm/slurm-microvm/launcher/assets"
+	"github.com/slurm-microvm/slurm-microvm/launcher/cgroup"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver"
 	"github.com/slurm-microvm/slurm-microvm/launcher/driver/control"
 	"github.com/slurm-microvm/slurm-microvm/launcher/state"
@@ -100,6 +101,10 @@ type sandbox struct {
 	// stopping is set before Stop kills the VMM: its end is then not a
 	// failure of the step.
 	stopping atomic.Bool
+	// oomBase is cgroup.OOMKills of the VMM's memory cgroup when it
+	// started (oomKnown: it could be read).
+	oomBase  uint64
+	oomKnown bool
 }
 
 // Start boots the VM and returns once the agent answered and is set up.
@@ -341,6 +346,9 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		netns = cfg.Network.NetNS
 	}
 	log.Info("starting VMM", "binary", d.o.Binary, "identity", id.String(), "own_netns", netns != nil, "args", strings.Join(args, " "))
+	// The OOM kills of the memory cgroup the VMM starts in (the
+	// supervisor's, the step's): more at its end means the kernel killed it.
+	oomBase, oomErr := cgroup.OOMKills(os.Getpid(), cgroup.Roots{})
 	t0 := time.Now()
 	if err := startIn(cmd, netns); err != nil {
 		restore()
@@ -353,6 +361,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 		vmmUID = id.cred.Uid
 	}
 	s := &sandbox{d: d, cfg: cfg, log: log, cmd: cmd, done: make(chan struct{}), mounts: mounts, gpuDriver: gpuDriver, network: netSetup, vmmUID: vmmUID,
+		oomBase: oomBase, oomKnown: oomErr == nil,
 		ep: control.Endpoint{StateDir: cfg.StateDir, UID: cfg.UID, GID: cfg.GID, OnFirstClient: cfg.OnFirstExec}}
 	go func() {
 		err := cmd.Wait()

@@ -34,6 +34,11 @@ const exitWait = 3 * time.Second
 // still alive to be gone: a VMM that died is reaped within milliseconds.
 const aliveWait = 500 * time.Millisecond
 
+// OOMKilledReason is how the VMM ended when the kernel's out-of-memory
+// killer of the step's memory cgroup killed it (the driver saw the
+// cgroup's oom_kill count grow); the driver adds the limit and the fix.
+const OOMKilledReason = "the microVM's VMM was killed by the kernel's out-of-memory killer: the guest and its VMM needed more than the step's memory limit"
+
 // ExitReason renders how the VMM ended, from cmd.Wait's error: "the
 // microVM's VMM exited: killed by signal 9 (SIGKILL)". stopped marks an
 // end the supervisor caused (Stop, a failed boot).
