@@ -77,10 +77,11 @@ assets: install
 # into the real system) and the proof of concept (test/poc) each start the
 # local cluster and run one package after the other.
 test: lint build
-	$(TESTSUM) $(GO) test -json -count=1 $(TESTFLAGS) $$($(GO) list ./... | grep -v -e /test/e2e -e /test/poc -e /test/pkg)
+	$(TESTSUM) $(GO) test -json -count=1 $(TESTFLAGS) $$($(GO) list ./... | grep -v -e /test/e2e -e /test/poc -e /test/pkg -e /test/cgroupv2)
 	$(TESTSUM) $(GO) test -json -count=1 -timeout 10m $(TESTFLAGS) ./test/pkg/
 	$(TESTSUM) $(GO) test -json -count=1 -tags smv_faults $(TESTFLAGS) ./launcher/fault/
 	$(TESTSUM) $(GO) test -json -count=1 -timeout 40m $(TESTFLAGS) ./test/e2e/
+	$(TESTSUM) $(GO) test -json -count=1 -timeout 30m $(TESTFLAGS) ./test/cgroupv2/
 	$(TESTSUM) $(GO) test -json -count=1 -timeout 60m $(TESTFLAGS) ./test/poc/
 
 # The proof of concept on the local one-node cluster (test/poc TestPOC):

@@ -56,6 +56,8 @@ const (
 type Env struct {
 	// baseConfig is the microvm.toml of every test (WriteConfig).
 	baseConfig string
+	// cacheDir is its cache_dir (CacheDir unless Options.CacheDir).
+	cacheDir string
 
 	C         *cluster.Cluster
 	Launcher  string // installed slurm-microvm
@@ -89,24 +91,49 @@ func TwoNodes(o *cluster.Options) { o.Nodes = 2 }
 // TwoNodes.
 func SetupWith(t testing.TB, tune func(*cluster.Options), clusterEnv ...string) *Env {
 	t.Helper()
-	fixture.RequireRoot(t)
-	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs", "busybox", "make", "cc")
+	return SetupOpts(t, Options{}, tune, clusterEnv...)
+}
+
+// Options change what SetupOpts installs. The zero value is Setup's.
+type Options struct {
+	// Prebuilt is a directory Build filled: its binaries and image are
+	// installed instead of building them here (the cgroup v2 test node,
+	// test/cgroupv2, runs the harness under emulation, where a build
+	// would take minutes).
+	Prebuilt string
+	// BootTimeout and AgentHang replace the configuration's
+	// timeouts.boot and timeouts.agent_hang ("" keeps 120 s and the
+	// default): a guest under nested emulation boots in about a minute
+	// and answers pings slowly.
+	BootTimeout, AgentHang string
+	// VMMOverheadMiB replaces resources.vmm_overhead_mib (0 keeps 192).
+	VMMOverheadMiB int
+	// CacheDir replaces cache_dir ("" keeps CacheDir): the cgroup v2 node
+	// builds its own, rather than reading the host's through its overlay.
+	CacheDir string
+}
+
+// Build builds what Setup installs into dir: dir/bin holds the e2e build of
+// the launcher, the agent and the plugin, dir/images the test image
+// (busybox.tar). Setup builds the same into Root.
+func Build(t testing.TB, dir string) {
+	t.Helper()
+	fixture.Require(t, "busybox", "make", "cc")
+	build(t, filepath.Join(dir, "bin"), filepath.Join(dir, "images"), imageName)
+}
+
+// imageName is NAME in the test image's os-release (Env.ImageName).
+const imageName = "Microvm E2E Busybox"
+
+// build makes the launcher, agent and plugin in bin and the test image
+// busybox.tar in images (see Build).
+func build(t testing.TB, bin, images, osName string) {
+	t.Helper()
 	repo := fixture.RepoRoot()
-	bin := filepath.Join(Root, "bin")
-	if err := os.RemoveAll(Root); err != nil {
-		t.Fatal(err)
-	}
-	// Stop records of an earlier test cluster whose epilog never ran (a
-	// killed test): job ids restart with every cluster, so job 16 would
-	// find job 16's record and refuse to start (state.ErrStopped).
-	if err := os.RemoveAll(filepath.Join(RuntimeDir, state.StoppedDir)); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []string{cluster.BaseDir, Root} {
-		_ = os.Chmod(d, 0o755)
+	for _, d := range []string{bin, images} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	build := exec.Command("make", "build")
 	build.Dir = repo
@@ -131,8 +158,80 @@ func SetupWith(t testing.TB, tune func(*cluster.Options), clusterEnv ...string) 
 	if out, err := standin.CombinedOutput(); err != nil {
 		t.Fatalf("build the stand-in launcher: %v\n%s", err, out)
 	}
+	rootfs := filepath.Join(t.TempDir(), "rootfs")
+	fixture.BusyboxRootfs(t, rootfs, osName)
+	// icmpecho: a ping a non-root job can run (busybox's needs a raw
+	// socket); the agent opens the guest's ping_group_range to every gid.
+	icmp := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(rootfs, "usr/bin/icmpecho"), "./test/fixture/icmpecho")
+	icmp.Dir = repo
+	icmp.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := icmp.CombinedOutput(); err != nil {
+		t.Fatalf("build icmpecho: %v\n%s", err, out)
+	}
+	img := filepath.Join(images, "busybox.tar")
+	fixture.OCIArchive(t, rootfs, img, "microvm-e2e/busybox:1", v1.Config{
+		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "IMAGE_VAR=from-image"}, WorkingDir: "/",
+	})
+	if err := os.Chmod(img, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// SetupOpts is SetupWith with Options.
+func SetupOpts(t testing.TB, o Options, tune func(*cluster.Options), clusterEnv ...string) *Env {
+	t.Helper()
+	fixture.RequireRoot(t)
+	fixture.Require(t, "qemu-system-x86_64", "mkfs.erofs")
+	bin := filepath.Join(Root, "bin")
+	images := filepath.Join(Root, "images")
+	if err := os.RemoveAll(Root); err != nil {
+		t.Fatal(err)
+	}
+	// Stop records of an earlier test cluster whose epilog never ran (a
+	// killed test): job ids restart with every cluster, so job 16 would
+	// find job 16's record and refuse to start (state.ErrStopped).
+	if err := os.RemoveAll(filepath.Join(RuntimeDir, state.StoppedDir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{cluster.BaseDir, Root} {
+		_ = os.Chmod(d, 0o755)
+	}
+	if o.Prebuilt == "" {
+		fixture.Require(t, "busybox", "make", "cc")
+		build(t, bin, images, imageName)
+	} else {
+		if err := os.MkdirAll(images, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"bin/slurm-microvm", "bin/slurm-microvm-agent", "bin/spank_microvm.so", "images/busybox.tar"} {
+			mode := os.FileMode(0o755)
+			if strings.HasPrefix(f, "images/") {
+				mode = 0o644
+			}
+			if err := InstallFile(filepath.Join(o.Prebuilt, f), filepath.Join(Root, f), mode); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	if err := os.Symlink("slurm-microvm", filepath.Join(bin, "slurm-microvm-exec")); err != nil {
 		t.Fatal(err)
+	}
+	bootTimeout, agentHang, overhead := "120s", "", 192
+	if o.BootTimeout != "" {
+		bootTimeout = o.BootTimeout
+	}
+	if o.AgentHang != "" {
+		agentHang = fmt.Sprintf("agent_hang = %q\n", o.AgentHang)
+	}
+	if o.VMMOverheadMiB != 0 {
+		overhead = o.VMMOverheadMiB
+	}
+	cacheDir := CacheDir
+	if o.CacheDir != "" {
+		cacheDir = o.CacheDir
 	}
 	cfg := filepath.Join(Root, "microvm.toml")
 	conf := fmt.Sprintf(`runtime_dir = %q
@@ -140,12 +239,12 @@ cache_dir = %q
 [qemu]
 agent = %q
 [resources]
-vmm_overhead_mib = 192
+vmm_overhead_mib = %d
 default_memory_mib = 512
 overlay_mib = 256
 [timeouts]
-boot = "120s"
-stop_grace = "3s"
+boot = %q
+%sstop_grace = "3s"
 [images]
 # The test cache stays bounded across runs (the largest test image is
 # about 250 MiB): least recently used images and assets are pruned.
@@ -166,10 +265,10 @@ scratch_base = %q
 dir = %q
 [metrics]
 textfile = %q
-`, RuntimeDir, CacheDir, filepath.Join(bin, "slurm-microvm-agent"), filepath.Join(cluster.DefaultDir, "etc", "gres.conf"),
+`, RuntimeDir, cacheDir, filepath.Join(bin, "slurm-microvm-agent"), overhead, bootTimeout, agentHang, filepath.Join(cluster.DefaultDir, "etc", "gres.conf"),
 		GPUDriverRoot, GPUDriverParams,
 		DataDir, filepath.Join(DataDir, "rw"), ScratchDir, LogDir, MetricsFile)
-	e := &Env{Launcher: filepath.Join(bin, "slurm-microvm"), Config: cfg, Agent: filepath.Join(bin, "slurm-microvm-agent"), ImageName: "Microvm E2E Busybox", baseConfig: conf}
+	e := &Env{Launcher: filepath.Join(bin, "slurm-microvm"), Config: cfg, Agent: filepath.Join(bin, "slurm-microvm-agent"), ImageName: imageName, baseConfig: conf, cacheDir: cacheDir}
 	if err := e.WriteConfig("", ""); err != nil {
 		t.Fatal(err)
 	}
@@ -185,27 +284,7 @@ textfile = %q
 			e.Kernel = v
 		}
 	}
-	images := filepath.Join(Root, "images")
-	if err := os.MkdirAll(images, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	rootfs := filepath.Join(t.TempDir(), "rootfs")
-	fixture.BusyboxRootfs(t, rootfs, e.ImageName)
-	// icmpecho: a ping a non-root job can run (busybox's needs a raw
-	// socket); the agent opens the guest's ping_group_range to every gid.
-	icmp := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(rootfs, "usr/bin/icmpecho"), "./test/fixture/icmpecho")
-	icmp.Dir = repo
-	icmp.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := icmp.CombinedOutput(); err != nil {
-		t.Fatalf("build icmpecho: %v\n%s", err, out)
-	}
 	e.Image = filepath.Join(images, "busybox.tar")
-	fixture.OCIArchive(t, rootfs, e.Image, "microvm-e2e/busybox:1", v1.Config{
-		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "IMAGE_VAR=from-image"}, WorkingDir: "/",
-	})
-	if err := os.Chmod(e.Image, 0o644); err != nil {
-		t.Fatal(err)
-	}
 	b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	e.HostBoot = strings.TrimSpace(string(b))
 
@@ -354,13 +433,13 @@ func InstallFile(src, dst string, mode os.FileMode) error {
 // two-node mode, in each node's.
 func (e *Env) Scope() residue.Scope {
 	return residue.Scope{
-		Paths:      []string{RuntimeDir, CacheDir, ScratchDir, DataDir, Root},
+		Paths:      []string{RuntimeDir, e.cacheDir, ScratchDir, DataDir, Root},
 		RuntimeDir: RuntimeDir,
 		Records:    []string{state.StoppedDir},
 		// SMV_RESIDUE_TMP_IGNORE=GLOB[:GLOB...]: names in /tmp that other
 		// programs of a shared development host make (unset in CI).
 		TmpIgnore: filepath.SplitList(os.Getenv("SMV_RESIDUE_TMP_IGNORE")),
-		CacheDir:  CacheDir,
+		CacheDir:  e.cacheDir,
 		Programs:  []string{"qemu-system-x86_64", "virtiofsd", e.Launcher, "containerd-shim-runc-v2", "containerd-shim-kata-v2", "runc"},
 		NetNS:     e.C.NodeNetNSPaths(),
 	}
