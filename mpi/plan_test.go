@@ -3,6 +3,8 @@ package mpi
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -99,11 +101,28 @@ func TestPlanRunsOnHost(t *testing.T) {
 					t.Errorf("rank %d loaded %s, want it from the share %s/lib", r, rk.LibMPI, share)
 				}
 			}
-			// The loader's own account of every file it mapped.
-			out, err = tt.impl.RunHost(ctx, 2, append(env, "LD_DEBUG=files"), prog, "10", "2")
+			// The loader's own account of every file it mapped, one file
+			// per process (LD_DEBUG_OUTPUT=<prefix>.<pid>): on the shared
+			// stderr the two ranks' lines interleave mid-line ("/tmp/TestPl"
+			// + "ing init: /tmp/...", a CI failure).
+			ldDir := t.TempDir()
+			out, err = tt.impl.RunHost(ctx, 2, append(env, "LD_DEBUG=files", "LD_DEBUG_OUTPUT="+filepath.Join(ldDir, "ld")), prog, "10", "2")
 			if err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
+			logs, _ := filepath.Glob(filepath.Join(ldDir, "ld.*"))
+			if len(logs) < 2 {
+				t.Fatalf("LD_DEBUG_OUTPUT wrote %d files, want one per rank at least", len(logs))
+			}
+			var ld strings.Builder
+			for _, l := range logs {
+				b, err := os.ReadFile(l)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ld.Write(b)
+			}
+			out = []byte(ld.String())
 			if !strings.Contains(string(out), share+tt.plugins) {
 				t.Errorf("no plugin loaded from %s%s*", share, tt.plugins)
 			}
