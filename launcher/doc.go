@@ -48,19 +48,22 @@
 //     slurm_load_job in srun and exports the same variable. Not chosen: an
 //     RPC per node from slurmstepd or the launcher (load on slurmctld at
 //     scale), or the default size (the reported bug: --mem=700 gave a 1 GiB
-//     guest whose VMM used 1.19 GB). --mem-per-gpu is not read. With no
-//     request at all the guest is sized from the memory limit the kernel
-//     enforces on the step (launcher/cgroup MemoryLimit: the smallest
-//     memory.max or v1 memory.limit_in_bytes from the step's cgroup up),
-//     and that limit also caps a larger request: the kernel kills the VMM
-//     at the limit, not at the request. Not chosen: ignoring the cgroup
-//     (a site's AllowedRAMSpace below 100 then OOM-kills every full guest).
-//   - The supervisor resets its oom_score_adj to 0, the value slurmstepd
-//     gives each task, before it starts the VMM: inherited from
-//     slurmstepd (-1000) the VMM could never be the OOM killer's choice,
-//     and the kernel killed a small relay of the step instead (seen on the
-//     cgroup v2 node). Not chosen: a positive value, which would make the
-//     sandbox the node's first victim ahead of plain Slurm tasks.
+//     guest whose VMM used 1.19 GB). --mem-per-gpu is not read. The memory
+//     limit the kernel enforces on the step (launcher/cgroup MemoryLimit:
+//     the smallest memory.max or v1 memory.limit_in_bytes from the step's
+//     cgroup up) caps every size, the default too: the kernel kills the
+//     VMM at the limit, not at the request. Not chosen: sizing a guest up
+//     to the limit when nothing was requested, since with no memory
+//     allocated Slurm's task/cgroup writes the node's whole RAM as the
+//     limit; nor ignoring the cgroup (a site's AllowedRAMSpace below 100
+//     would OOM-kill every full guest).
+//   - The qemu driver sets the VMM's oom_score_adj to 0, the value
+//     slurmstepd gives each task; the supervisor keeps slurmstepd's -1000
+//     (it holds the clean-up). Inherited, the VMM could never be the OOM
+//     killer's choice, and the kernel killed a small relay of the step
+//     instead (seen on the cgroup v2 node). Not chosen: a positive value,
+//     which would make the sandbox the node's first victim ahead of plain
+//     Slurm tasks.
 //   - The identity of every guest process is fixed by the supervisor at
 //     Setup (uid, gid, groups from the plugin, i.e. from slurmstepd), never
 //     by the exec client, which runs as the user.

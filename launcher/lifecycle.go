@@ -157,9 +157,6 @@ func (l *Launcher) Start(ctx context.Context, id state.StepID) (err error) {
 	} else {
 		log.Info("in the step's cgroup", "hierarchy", cg.Mode.String())
 	}
-	if err := taskOOMScore(); err != nil {
-		log.Warn("oom_score_adj not reset: the VMM keeps slurmstepd's", "err", err)
-	}
 	if lim, err := cgroup.MemoryLimit(os.Getpid(), cgroup.Roots{Mode: cg.Mode}); err != nil {
 		log.Warn("step memory limit not read", "err", err)
 	} else if lim.Bytes > 0 {
@@ -870,19 +867,4 @@ func (l *Launcher) GC(ctx context.Context, job uint32, node string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// taskOOMScore gives the supervisor, and so the VMM and every helper it
-// starts, the kernel OOM standing of the step's tasks: oom_score_adj 0.
-// slurmstepd runs at -1000 (never chosen by the OOM killer) and resets each
-// task to 0 before its exec; the supervisor is forked from slurmstepd, so
-// without this the VMM, the step's largest process, could never be the
-// one killed when the step passes --mem (the kernel killed a 10 MiB exec
-// relay instead and the VMM went on holding the memory: seen on the
-// cgroup v2 node, test/cgroupv2) nor when the whole node runs out.
-func taskOOMScore() error {
-	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("0"), 0); err != nil {
-		return fmt.Errorf("reset oom_score_adj: %w", err)
-	}
-	return nil
 }

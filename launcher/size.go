@@ -38,14 +38,17 @@ func GuestCPUs(s *Spec, pid int) int {
 //  3. the job's --mem-per-cpu times cpus (Spec.MemPerCPUMiB,
 //     SLURM_MEM_PER_CPU); cpus 0 (not known yet, as in prepare) leaves
 //     such a request to be checked at boot;
-//  4. the limit of the step's memory cgroup (Spec.MemLimitMiB:
-//     memory.max on cgroup v2, memory.limit_in_bytes on v1), what the
-//     site's cgroup.conf set without an allocation;
-//  5. none: the guest gets resources.default_memory_mib.
+//  4. none: resources.default_memory_mib is the guest's size.
 //
-// A cgroup limit below what 1-3 found wins over it (AllowedRAMSpace under
-// 100, a site's own limits): the kernel kills the VMM at that limit, not at
-// the request. The guest gets the step's memory minus
+// The limit of the step's memory cgroup (Spec.MemLimitMiB: the smallest
+// memory.max on cgroup v2, memory.limit_in_bytes on v1) caps each of
+// these: the kernel kills the VMM at that limit, not at the request
+// (AllowedRAMSpace under 100, a site's own limits, a default smaller
+// than the limit). It never sizes a guest up: where Slurm allocates no
+// memory its task/cgroup writes the node's whole RAM as the limit (Slurm's
+// mem_limit_in_bytes: "If mem == 0 ... use the total amount of available
+// RAM"), and a guest that size would take the node. The guest gets the
+// step's memory minus
 // resources.vmm_overhead_mib (the VMM counts against the same memory). It
 // fails, naming the request and the smallest one that fits, when less than
 // resources.min_memory_mib would remain.
@@ -55,6 +58,7 @@ func GuestMemoryMiB(s *Spec, cpus int, r config.Resources) (uint64, error) {
 		if lim := s.MemLimitMiB; lim > 0 && lim < stepMiB {
 			stepMiB = lim
 			what = fmt.Sprintf("%s, capped by the step's cgroup memory limit of %d MiB,", what, lim)
+			fix = "the site raises the step's memory limit (cgroup.conf AllowedRAMSpace, the cgroup's memory.max)"
 		}
 		if stepMiB < minStep {
 			return 0, fmt.Errorf("%s leaves less than %d MiB for the guest after the VMM's %d MiB (microvm.toml resources.min_memory_mib, vmm_overhead_mib); %s",
@@ -73,8 +77,8 @@ func GuestMemoryMiB(s *Spec, cpus int, r config.Resources) (uint64, error) {
 		return fits(s.MemPerCPUMiB*n,
 			fmt.Sprintf("the job's --mem-per-cpu=%dM (SLURM_MEM_PER_CPU) × %d CPUs = %d MiB", s.MemPerCPUMiB, cpus, s.MemPerCPUMiB*n),
 			fmt.Sprintf("ask for --mem-per-cpu=%dM or more, or --mem=%dM", perCPU, minStep))
-	case s.MemLimitMiB > 0 && !(s.MemPerCPUMiB > 0 && cpus == 0):
-		return fits(s.MemLimitMiB, fmt.Sprintf("the step's cgroup memory limit of %d MiB", s.MemLimitMiB), fmt.Sprintf("ask for --mem=%dM or more, or raise the limit (cgroup.conf)", minStep))
+	case s.MemLimitMiB > 0 && s.MemLimitMiB < uint64(r.DefaultMemoryMiB)+uint64(r.VMMOverheadMiB):
+		return fits(s.MemLimitMiB, fmt.Sprintf("the step's cgroup memory limit of %d MiB", s.MemLimitMiB), "the site raises the step's memory limit (cgroup.conf AllowedRAMSpace, the cgroup's memory.max)")
 	default:
 		return uint64(r.DefaultMemoryMiB), nil
 	}

@@ -34,12 +34,14 @@ func TestGuestMemoryMiB(t *testing.T) {
 		{name: "no allocation: --mem-per-cpu too small", spec: Spec{MemPerCPUMiB: 150}, cpus: 2, wantErr: []string{"--mem-per-cpu=150M (SLURM_MEM_PER_CPU) × 2 CPUs = 300 MiB leaves less than 128 MiB", "ask for --mem-per-cpu=192M or more, or --mem=384M"}},
 		{name: "no allocation: --mem-per-cpu, cpus not known yet", spec: Spec{MemPerCPUMiB: 150}, want: 1024},
 		// The step's memory cgroup (memory.max, memory.limit_in_bytes).
-		{name: "no request: the cgroup limit", spec: Spec{MemLimitMiB: 2048}, cpus: 2, want: 1792},
+		{name: "no request: a limit above the default does not size the guest up", spec: Spec{MemLimitMiB: 2048}, cpus: 2, want: 1024},
+		{name: "no request: the node's whole RAM as the limit (Slurm with no allocation)", spec: Spec{MemLimitMiB: 524288}, cpus: 2, want: 1024},
+		{name: "no request: a limit below the default caps it", spec: Spec{MemLimitMiB: 900}, cpus: 2, want: 644},
 		{name: "the cgroup limit below the allocation wins", spec: Spec{MemMiB: 4096, MemLimitMiB: 3072}, cpus: 2, want: 2816},
 		{name: "the cgroup limit above the allocation: the allocation", spec: Spec{MemMiB: 1024, MemLimitMiB: 4096}, cpus: 2, want: 768},
 		{name: "the cgroup limit below --mem", spec: Spec{MemPerNodeMiB: 1000, MemLimitMiB: 900}, cpus: 1, want: 644},
-		{name: "the cgroup limit too small", spec: Spec{MemMiB: 1024, MemLimitMiB: 300}, wantErr: []string{"step memory 1024 MiB, capped by the step's cgroup memory limit of 300 MiB, leaves less than 128 MiB"}},
-		{name: "only a cgroup limit, too small", spec: Spec{MemLimitMiB: 300}, wantErr: []string{"the step's cgroup memory limit of 300 MiB leaves less than 128 MiB", "raise the limit"}},
+		{name: "the cgroup limit too small", spec: Spec{MemMiB: 1024, MemLimitMiB: 300}, wantErr: []string{"step memory 1024 MiB, capped by the step's cgroup memory limit of 300 MiB, leaves less than 128 MiB", "the site raises the step's memory limit"}},
+		{name: "only a cgroup limit, too small", spec: Spec{MemLimitMiB: 300}, wantErr: []string{"the step's cgroup memory limit of 300 MiB leaves less than 128 MiB", "the site raises the step's memory limit"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -20,7 +20,8 @@ type Mode int
 
 // The hierarchies Detect tells apart.
 const (
-	ModeNone   Mode = iota // no cgroup file system at /sys/fs/cgroup
+	ModeUnset  Mode = iota // Roots.Mode's zero value: Detect the node's
+	ModeNone               // no cgroup hierarchy at /sys/fs/cgroup
 	ModeV1                 // legacy: v1 controllers only
 	ModeHybrid             // v1 controllers plus cgroup2 at /sys/fs/cgroup/unified
 	ModeV2                 // unified: cgroup2 at /sys/fs/cgroup
@@ -34,6 +35,8 @@ func (m Mode) String() string {
 		return "hybrid"
 	case ModeV2:
 		return "v2"
+	case ModeUnset:
+		return "unset"
 	}
 	return "none"
 }
@@ -55,10 +58,17 @@ func (m Mode) Describe() string {
 // statfs(2)s /sys/fs/cgroup and /sys/fs/cgroup/unified).
 func Detect() Mode {
 	switch cgroups.Mode() {
-	case cgroups.Legacy:
+	case cgroups.Legacy, cgroups.Hybrid:
+		// The library calls any /sys/fs/cgroup that is not cgroup2
+		// legacy, an empty directory too: a v1 node has at least one
+		// hierarchy mounted below it.
+		if m, _ := filepath.Glob("/sys/fs/cgroup/*/cgroup.procs"); len(m) == 0 {
+			return ModeNone
+		}
+		if cgroups.Mode() == cgroups.Hybrid {
+			return ModeHybrid
+		}
 		return ModeV1
-	case cgroups.Hybrid:
-		return ModeHybrid
 	case cgroups.Unified:
 		return ModeV2
 	}
@@ -121,7 +131,7 @@ type Roots struct {
 	Proc string
 	// V1 lists the v1 subsystems (nil = cgroup1.Default, from mountinfo).
 	V1 cgroup1.Hierarchy
-	// Mode overrides Detect (tests with a fake tree).
+	// Mode overrides Detect (tests with a fake tree); ModeUnset detects.
 	Mode Mode
 }
 
@@ -135,7 +145,7 @@ func (r Roots) withDefaults() Roots {
 	if r.V1 == nil {
 		r.V1 = cgroup1.Default
 	}
-	if r.Mode == ModeNone {
+	if r.Mode == ModeUnset {
 		r.Mode = Detect()
 	}
 	return r
@@ -168,6 +178,7 @@ func EnterStep(pid int, job, step uint32, r Roots) (Placement, error) {
 		}
 		return enterV1(p, pid, job, step, v1paths, r)
 	}
+	p.Outside = append(p.Outside, "none=no cgroup hierarchy at "+r.Mount)
 	return p, nil
 }
 
@@ -188,6 +199,9 @@ func enterV1(p Placement, pid int, job, step uint32, paths map[string]string, r 
 	allowAny := func(c *cgroup1.InitConfig) error { c.InitCheck = cgroup1.AllowAny; return nil }
 	cg, err := cgroup1.Load(stepPath, cgroup1.WithHierarchy(r.V1), allowAny)
 	switch {
+	case errors.Is(err, cgroup1.ErrMountPointNotExist):
+		p.Outside = append(p.Outside, "none=no cgroup v1 hierarchy mounted")
+		return p, nil
 	case errors.Is(err, cgroup1.ErrCgroupDeleted):
 		// No hierarchy at job level with a step directory: nothing moves.
 	case err != nil:
@@ -225,7 +239,7 @@ func enterV2(p Placement, pid int, job, step uint32, group string, r Roots) (Pla
 	if InStep(group, job, step) {
 		return p, nil
 	}
-	if jobPath, ok := jobAncestor(group, job); ok {
+	if jobPath, ok := jobAncestor(group, job); ok && !strings.HasPrefix(strings.TrimPrefix(group, jobPath), "/step_") {
 		leaf := path.Join(jobPath, StepDirName(step), "slurm")
 		if fi, err := os.Stat(filepath.Join(r.Mount, leaf)); err == nil && fi.IsDir() {
 			m, err := cgroup2.Load(leaf, cgroup2.WithMountpoint(r.Mount))

@@ -112,7 +112,7 @@ func TestEnterStepV2(t *testing.T) {
 		{"at job level: into the step's slurm leaf", job, job + "/step_0/slurm", false},
 		{"in the job's own slurm dir", job + "/slurm", job + "/step_0/slurm", false},
 		{"outside the job", "/system.slice/slurmd.service", "", true},
-		{"another step", job + "/step_1/slurm", job + "/step_0/slurm", false},
+		{"another step: reported, never moved across steps", job + "/step_1/slurm", "", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r, mount := fakeNode(t, "77", []string{"0::" + tt.in}, job+"/step_0/slurm", job+"/step_1/slurm")
@@ -165,7 +165,7 @@ func TestEnterStepHybrid(t *testing.T) {
 }
 
 func TestModeString(t *testing.T) {
-	for m, want := range map[Mode]string{ModeNone: "none", ModeV1: "v1", ModeHybrid: "hybrid", ModeV2: "v2"} {
+	for m, want := range map[Mode]string{ModeNone: "none", ModeV1: "v1", ModeHybrid: "hybrid", ModeV2: "v2", ModeUnset: "unset"} {
 		if m.String() != want || m.Describe() == "" {
 			t.Errorf("%d: %q %q", m, m.String(), m.Describe())
 		}
@@ -302,5 +302,23 @@ func TestOOMKills(t *testing.T) {
 				t.Errorf("= %d, %v; want %d (error %v)", n, err, tt.want, tt.bad)
 			}
 		})
+	}
+}
+
+// A node with no hierarchy: the step runs, reported outside (a warning),
+// not failed; a v1 node whose mounts are gone likewise.
+func TestEnterStepNoHierarchy(t *testing.T) {
+	r, _ := fakeNode(t, "77", []string{"0::/"})
+	r.Mode = ModeNone
+	p, err := EnterStep(77, 42, 0, r)
+	if err != nil || len(p.Outside) != 1 || !strings.HasPrefix(p.Outside[0], "none=") {
+		t.Errorf("no hierarchy: %+v, %v; want outside=none and no error", p, err)
+	}
+	r, _ = fakeNode(t, "77", []string{"4:memory:/slurm/job_42", "0::/"})
+	r.Mode = ModeV1
+	r.V1 = func() ([]cgroup1.Subsystem, error) { return nil, cgroup1.ErrMountPointNotExist }
+	p, err = EnterStep(77, 42, 0, r)
+	if err != nil || len(p.Outside) != 1 || !strings.HasPrefix(p.Outside[0], "none=") {
+		t.Errorf("v1 without mounts: %+v, %v; want outside=none and no error", p, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -87,7 +88,7 @@ func CheckSlurm(slurmConf string, mode Mode, mount string) SlurmCheck {
 			c.Notes = append(c.Notes, fmt.Sprintf("%s not found: Slurm's defaults assumed for %s", f.path, keyList(f.keys, names)))
 			continue
 		case err != nil:
-			c.Notes = append(c.Notes, fmt.Sprintf("%s: %v: not checked", f.path, err))
+			c.Problems = append(c.Problems, fmt.Sprintf("%s: %v: not checked (Slurm must read it too)", f.path, err))
 			continue
 		}
 		*f.into = f.path
@@ -103,8 +104,11 @@ func CheckSlurm(slurmConf string, mode Mode, mount string) SlurmCheck {
 	for k, v := range set {
 		c.Settings[names[k]] = v
 	}
-	yes := func(k string) bool { return strings.EqualFold(set[k], "yes") }
+	yes := func(k string) bool { return slurmBool(set[k]) }
 	plugin := strings.ToLower(set["cgroupplugin"])
+	if plugin == "v1" || plugin == "v2" {
+		plugin = "cgroup/" + plugin
+	}
 	switch {
 	case mode == ModeNone:
 		c.Problems = append(c.Problems, "no cgroup file system at "+mount+": no Slurm cgroup plugin can constrain a step, and the sandbox escapes scancel and --mem")
@@ -123,10 +127,13 @@ func CheckSlurm(slurmConf string, mode Mode, mount string) SlurmCheck {
 				strings.Join(bad, ", "), filepath.Join(mount, "unified", "cgroup.controllers")))
 		}
 	}
-	if !strings.EqualFold(set["proctracktype"], "proctrack/cgroup") {
+	if p := strings.ToLower(set["proctracktype"]); p != "proctrack/cgroup" && p != "cgroup" {
 		c.Missing = append(c.Missing, fmt.Sprintf("ProctrackType=proctrack/cgroup (%s has %s): scancel and the step's end do not reach the sandbox's processes through Slurm (the supervisor detaches from slurmstepd); only the plugin's own stop does", slurmConf, set["proctracktype"]))
 	}
-	tasks := strings.Split(strings.ToLower(set["taskplugin"]), ",")
+	var tasks []string
+	for _, p := range strings.Split(strings.ToLower(set["taskplugin"]), ",") {
+		tasks = append(tasks, "task/"+strings.TrimPrefix(strings.TrimSpace(p), "task/"))
+	}
 	if !slices.Contains(tasks, "task/cgroup") {
 		c.Missing = append(c.Missing, fmt.Sprintf("TaskPlugin=task/cgroup (%s has %s): Slurm sets no memory, device or CPU limit on the step, so none applies to the sandbox", slurmConf, set["taskplugin"]))
 	}
@@ -151,19 +158,45 @@ func keyList(keys []string, names map[string]string) string {
 	return strings.Join(out, ", ")
 }
 
-// readSlurmConf reads the KEY=VALUE words of a Slurm configuration file,
-// keys lower-cased, the last one winning; include reports Include lines.
+// slurmPair is one KEY=VALUE of a Slurm configuration line as Slurm's
+// parser (src/common/parse_config.c) takes it: spaces around "=", an
+// optional "+=" style operator, a double-quoted value or a word.
+var slurmPair = regexp.MustCompile(`([A-Za-z][A-Za-z0-9_]*)\s*[-+*/]?=\s*("[^"]*"|[^\s"]+)`)
+
+// slurmBlockKeys start a line whose other pairs belong to that entry
+// (slurm.conf(5): nodes, partitions, node sets, front ends, switches).
+var slurmBlockKeys = []string{"nodename", "partitionname", "nodeset", "frontendname", "downnodes", "switchname"}
+
+// readSlurmConf reads the top-level KEY=VALUE pairs of a Slurm
+// configuration file, keys lower-cased and values unquoted, the last one
+// winning; include reports Include lines. Lines continue after a
+// trailing "\", "#" starts a comment unless escaped ("\#"). Errors: the
+// file unreadable or not a regular file, a line over 1 MiB.
 func readSlurmConf(path string) (kv map[string]string, include bool, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, false, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, false, fmt.Errorf("not a regular file")
+	}
 	kv = map[string]string{}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var cont strings.Builder
 	for sc.Scan() {
-		line, _, _ := strings.Cut(sc.Text(), "#")
+		line := sc.Text()
+		if strings.HasSuffix(line, "\\") {
+			cont.WriteString(strings.TrimSuffix(line, "\\"))
+			continue
+		}
+		cont.WriteString(line)
+		line = cont.String()
+		cont.Reset()
+		line = strings.ReplaceAll(line, "\\#", "\x00")
+		line, _, _ = strings.Cut(line, "#")
+		line = strings.ReplaceAll(line, "\x00", "#")
 		fields := strings.Fields(line)
 		if len(fields) == 0 {
 			continue
@@ -172,12 +205,23 @@ func readSlurmConf(path string) (kv map[string]string, include bool, err error) 
 			include = true
 			continue
 		}
-		// Node, partition and similar lines hold many words: only the
-		// first word of a line is a top-level key.
-		k, v, ok := strings.Cut(fields[0], "=")
-		if ok {
-			kv[strings.ToLower(k)] = v
+		pairs := slurmPair.FindAllStringSubmatch(line, -1)
+		if len(pairs) == 0 || slices.Contains(slurmBlockKeys, strings.ToLower(pairs[0][1])) {
+			continue
+		}
+		for _, m := range pairs {
+			kv[strings.ToLower(m[1])] = strings.Trim(m[2], `"`)
 		}
 	}
 	return kv, include, sc.Err()
+}
+
+// slurmBool is Slurm's reading of a yes/no setting (parse_config.c
+// s_p_handle_boolean: yes, up, true, 1; case-insensitive).
+func slurmBool(v string) bool {
+	switch strings.ToLower(v) {
+	case "yes", "up", "true", "1":
+		return true
+	}
+	return false
 }

@@ -30,6 +30,11 @@ func TestCheckSlurm(t *testing.T) {
 		{name: "hybrid, hugetlb on unified: fine", mode: ModeHybrid, slurm: slurm, cgroup: strings.Replace(good, "cgroup/v2", "autodetect", 1), unified: "hugetlb"},
 		{name: "hybrid, memory on unified", mode: ModeHybrid, slurm: slurm, cgroup: strings.Replace(good, "cgroup/v2", "autodetect", 1), unified: "memory pids", probs: []string{"hybrid hierarchy with memory on the unified side"}},
 		{name: "no cgroup file system", mode: ModeNone, slurm: slurm, cgroup: good, probs: []string{"no cgroup file system"}},
+		// Slurm's parser: spaces, quotes, booleans, several pairs a line,
+		// continuation, unprefixed plugin names.
+		{name: "Slurm's syntax", mode: ModeV2, slurm: "ClusterName=x ProctrackType = \"proctrack/cgroup\"\nTaskPlugin=affinity,\\\ncgroup # c\n",
+			cgroup: "CgroupPlugin = \"cgroup/v2\"\nConstrainCores=true ConstrainRAMSpace=1\nConstrainDevices=YES\n"},
+		{name: "spaced plugin on the wrong node", mode: ModeV1, slurm: slurm, cgroup: "CgroupPlugin = cgroup/v2\nConstrainCores=yes\nConstrainRAMSpace=yes\nConstrainDevices=yes\n", probs: []string{"CgroupPlugin=cgroup/v2"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -356,6 +356,9 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	}
 	guestEnd.Close()
 	con.w.Close() // QEMU holds the console's write end now; EOF comes with it
+	if err := taskOOMScore(cmd.Process.Pid); err != nil {
+		log.Warn("VMM keeps slurmstepd's oom_score_adj", "err", err)
+	}
 	vmmUID := uint32(os.Geteuid())
 	if id.cred != nil {
 		vmmUID = id.cred.Uid
@@ -381,7 +384,7 @@ func (d *Driver) Start(ctx context.Context, cfg driver.SandboxConfig) (driver.Sa
 	// The first stream waits for the whole boot: its open bound is past the
 	// boot timeout, so waitReady's own timeout (with its clear error) ends
 	// a slow boot first.
-	s.sess, err = transport.NewHostSession(hostEnd, s.d.o.BootTimeout+30*time.Second)
+	s.sess, err = transport.NewHostSession(hostEnd, max(transport.DefaultOpenTimeout, s.d.o.BootTimeout+30*time.Second))
 	if err != nil {
 		s.kill()
 		return nil, err

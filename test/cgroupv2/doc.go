@@ -21,6 +21,9 @@
 // memory is charged to the step and held to the job's --mem, a step that
 // passes --mem has its VMM killed by the memory cgroup while another job's
 // sandbox runs on, and scancel leaves nothing (processes, state, cgroups).
+// The node's vmm_overhead_mib is 32, so that a guest can take its VMM past
+// the limit; with a realistic overhead the guest's own OOM killer acts
+// first, which the v1 end-to-end tests cover.
 //
 // Design decision: a node VM on the host's own tree rather than an image
 // built for it (debootstrap with Slurm and QEMU: minutes and a mirror per
