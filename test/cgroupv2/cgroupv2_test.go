@@ -113,7 +113,12 @@ func TestInNode(t *testing.T) {
 	if err != nil {
 		t.Fatalf("sbatch job A: %v", err)
 	}
-	t.Cleanup(func() { _ = e.C.Scancel(context.Background(), strconv.Itoa(jobA)) })
+	// Before the "nothing left" check (cleanups run last first): the
+	// job's output file is the test's, not a step's.
+	t.Cleanup(func() {
+		_ = e.C.Scancel(context.Background(), strconv.Itoa(jobA))
+		_ = os.Remove(outA)
+	})
 	sbA := waitRunning(t, e, jobA, outA, "filled")
 
 	var stepDir string
