@@ -37,13 +37,13 @@ func (l Limit) MiB() uint64 { return l.Bytes >> 20 }
 // /proc/<pid>/cgroup unreadable, a limit file that does not parse.
 func MemoryLimit(pid int, r Roots) (Limit, error) {
 	r = r.withDefaults()
-	v1paths, unified, err := cgroups.ParseCgroupFileUnified(filepath.Join(r.Proc, strconv.Itoa(pid), "cgroup"))
+	base, group, err := memoryGroup(pid, r)
 	if err != nil {
-		return Limit{}, fmt.Errorf("read cgroups of pid %d: %w", pid, err)
+		return Limit{}, err
 	}
-	base, group, file := filepath.Join(r.Mount, "memory"), v1paths["memory"], "memory.limit_in_bytes"
+	file := "memory.limit_in_bytes"
 	if r.Mode == ModeV2 {
-		base, group, file = r.Mount, unified, "memory.max"
+		file = "memory.max"
 	}
 	if group == "" {
 		return Limit{}, nil
@@ -83,13 +83,13 @@ func MemoryLimit(pid int, r Roots) (Limit, error) {
 // field.
 func OOMKills(pid int, r Roots) (uint64, error) {
 	r = r.withDefaults()
-	v1paths, unified, err := cgroups.ParseCgroupFileUnified(filepath.Join(r.Proc, strconv.Itoa(pid), "cgroup"))
+	base, group, err := memoryGroup(pid, r)
 	if err != nil {
-		return 0, fmt.Errorf("read cgroups of pid %d: %w", pid, err)
+		return 0, err
 	}
-	p := filepath.Join(r.Mount, "memory", v1paths["memory"], "memory.oom_control")
+	p := filepath.Join(base, group, "memory.oom_control")
 	if r.Mode == ModeV2 {
-		p = filepath.Join(r.Mount, unified, "memory.events")
+		p = filepath.Join(base, group, "memory.events")
 	}
 	b, err := os.ReadFile(p)
 	if err != nil {
@@ -105,4 +105,18 @@ func OOMKills(pid int, r Roots) (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%s has no oom_kill field", p)
+}
+
+// memoryGroup returns where pid's memory cgroup is: the hierarchy's mount
+// (r.Mount on v2, r.Mount/memory on v1) and the group's path below it
+// ("" when pid is in no memory cgroup).
+func memoryGroup(pid int, r Roots) (base, group string, err error) {
+	v1paths, unified, err := cgroups.ParseCgroupFileUnified(filepath.Join(r.Proc, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return "", "", fmt.Errorf("read cgroups of pid %d: %w", pid, err)
+	}
+	if r.Mode == ModeV2 {
+		return r.Mount, unified, nil
+	}
+	return filepath.Join(r.Mount, "memory"), v1paths["memory"], nil
 }
